@@ -1,0 +1,405 @@
+"""Key-based routing: the Common API both overlays implement, and the shared routing engine.
+
+Theory of operation (DESIGN §1.2; Dabek et al., "Towards a Common API for Structured P2P
+Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
+
+* Applications register by name on a core and get upcalls: ``deliver`` on the node responsible
+  for a key, ``forward`` on every node that forwards a message (it may rewrite the next hop or
+  stop the message), ``update`` when a neighbour joins or leaves.
+* :class:`KbrCore` holds everything the two overlays share: the application registry, message
+  dispatch with drop-and-count of unknown or malformed input, the proximity table, and
+  **recursive routing with per-hop acknowledgements** (MSPastry §3.2): every forwarded
+  :class:`RouteMsg` is acked by the next hop; an unacked hop is retransmitted ``hop_retries``
+  times with RTO back-off, then the next hop is *suspected* (which starts a liveness probe),
+  excluded, and the message is rerouted through the overlay's next-best choice. Reroutes are
+  bounded; a message that exhausts them is dropped and counted, never lost silently. Duplicates
+  (a lost ack makes the previous hop resend) are acked again but not processed twice.
+* An overlay subclass supplies the routing state: :meth:`KbrCore.next_hop` (``None`` = this node
+  is responsible), the neighbour queries and the join/maintenance protocol.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import attrs
+
+from overlay.errors import (
+    DuplicateApplicationError,
+    OverlayError,
+    UnknownApplicationError,
+)
+from overlay.handle import Address, NodeHandle
+from overlay.ids import NodeId
+from overlay.messages import Message, register
+from overlay.proximity import Ping, Pong, Proximity, ProximityConfig
+from overlay.runtime import Runtime, Timer
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- messages
+@register(1)
+@attrs.frozen(slots=True)
+class RouteMsg(Message):
+    """An application payload routed towards ``key`` (recursively, hop by hop)."""
+
+    key: NodeId
+    app: str
+    payload: Any
+    origin: NodeHandle
+    msg_id: int
+    hops: int
+
+
+@register(2)
+@attrs.frozen(slots=True)
+class RouteAck(Message):
+    """Per-hop acknowledgement of a RouteMsg (MSPastry §3.2)."""
+
+    msg_id: int
+
+
+@register(3)
+@attrs.frozen(slots=True)
+class DirectMsg(Message):
+    """An application payload sent straight to one node (``route`` with key None and a hint)."""
+
+    app: str
+    payload: Any
+    origin: NodeHandle
+
+
+# ---------------------------------------------------------------------- applications
+class Application(Protocol):
+    """Upcalls an application receives from the core it is registered on."""
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """This node is responsible for ``key`` (or ``payload`` was sent here directly)."""
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """Called before this node forwards; return the hop to use, or None to stop here."""
+
+    def update(self, handle: NodeHandle, joined: bool) -> None:
+        """A neighbour (leaf set / near connection) joined or left."""
+
+
+class BaseApplication:
+    """Convenience base: forward unchanged, ignore updates; subclasses override ``deliver``."""
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        return None
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        return next_hop
+
+    def update(self, handle: NodeHandle, joined: bool) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------- config
+@attrs.frozen
+class KbrConfig:
+    """Routing reliability knobs shared by both overlays."""
+
+    #: per-hop acks (MSPastry §3.2). Off = plain datagram forwarding (fewer messages, no reroute).
+    hop_acks: bool = True
+    #: retransmissions to the same next hop before suspecting it (covers plain message loss).
+    hop_retries: int = 2
+    #: alternative next hops tried after suspicion before the message is dropped and counted.
+    max_reroutes: int = 6
+    #: remembered (origin, msg_id) pairs, for duplicate suppression.
+    dedupe_window: int = 1024
+
+
+class _Hop:
+    __slots__ = ("attempt", "exclude", "msg", "nh", "reroutes", "sent_at", "timer")
+
+    def __init__(self, msg: RouteMsg, nh: NodeHandle, exclude: set[NodeHandle] | None) -> None:
+        self.msg = msg
+        self.nh = nh
+        self.exclude = exclude
+        self.attempt = 0
+        self.reroutes = 0
+        self.sent_at = 0.0
+        self.timer: Timer | None = None
+
+
+Handler = Callable[[NodeHandle, Any], None]
+
+
+# ---------------------------------------------------------------------- the core base
+class KbrCore(abc.ABC):
+    """Shared machinery of a sans-io overlay core. Subclasses: PastryCore, SmallWorldCore."""
+
+    overlay_name: ClassVar[str] = "?"
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        handle: NodeHandle,
+        kbr: KbrConfig | None = None,
+        proximity: ProximityConfig | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.handle = handle
+        self.id: NodeId = handle.id
+        self.kbr_config = kbr if kbr is not None else KbrConfig()
+        self.apps: dict[str, Application] = {}
+        self.stats: Counter[str] = Counter()
+        self.ready = False
+        self.stopped = False
+        self.prox = Proximity(
+            runtime,
+            handle,
+            proximity if proximity is not None else ProximityConfig(),
+            on_dead=self._on_peer_dead,
+            on_alive=self._on_peer_alive,
+        )
+        self._pending: dict[int, _Hop] = {}
+        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._handlers: dict[type[Message], Handler] = {
+            RouteMsg: self._on_route,
+            RouteAck: self._on_route_ack,
+            DirectMsg: self._on_direct,
+            Ping: self.prox.on_ping,
+            Pong: self.prox.on_pong,
+        }
+
+    # ------------------------------------------------------------ driver-facing
+    def add_handler(self, cls: type[Message], fn: Handler) -> None:
+        """Subclasses (and plugins that speak their own messages) register receive handlers."""
+        self._handlers[cls] = fn
+
+    def receive(self, src: NodeHandle, msg: Message) -> None:
+        """Entry point for every incoming message. Never raises (DESIGN §2.7)."""
+        if self.stopped:
+            return
+        h = self._handlers.get(type(msg))
+        if h is None:
+            self.stats["dropped_unknown"] += 1
+            return
+        self.prox.heard(src)
+        try:
+            h(src, msg)
+        except Exception:  # malformed content must never crash the node's loop
+            self.stats["dropped_malformed"] += 1
+            log.debug("dropped malformed %s from %r", type(msg).__name__, src, exc_info=True)
+
+    def stop(self) -> None:
+        """Stop answering and cancel timers the base owns (subclasses extend)."""
+        self.stopped = True
+        for hop in self._pending.values():
+            if hop.timer is not None:
+                hop.timer.cancel()
+        self._pending.clear()
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Arm periodic maintenance timers (called once by the driver)."""
+
+    @abc.abstractmethod
+    def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
+        """Join through any of ``seeds`` (addresses); an empty list starts a new ring.
+
+        ``on_done(True)`` once ready, ``on_done(False)`` if every retry failed.
+        """
+
+    # ------------------------------------------------------------ KBR API (abstract part)
+    @abc.abstractmethod
+    def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        """The next hop towards ``key`` avoiding ``exclude`` and suspected nodes; None = here."""
+
+    @abc.abstractmethod
+    def local_lookup(self, key: NodeId, n: int) -> list[NodeHandle]:
+        """Up to ``n`` known nodes usable as next hops towards ``key``, best first."""
+
+    @abc.abstractmethod
+    def neighbor_set(self, n: int) -> list[NodeHandle]:
+        """Up to ``n`` ring neighbours (leaf set / near connections), closest first."""
+
+    @abc.abstractmethod
+    def replica_set(self, key: NodeId, k: int) -> list[NodeHandle]:
+        """Up to ``k`` known nodes numerically closest to ``key`` (self included), closest first."""
+
+    @abc.abstractmethod
+    def known_in_range(self, begin: NodeId, end: NodeId) -> list[NodeHandle]:
+        """Every live node this node knows in the clockwise range [begin, end) (self excluded)."""
+
+    @abc.abstractmethod
+    def known_nodes(self) -> list[NodeHandle]:
+        """Every node in this node's routing state (for status tables and oracles)."""
+
+    @abc.abstractmethod
+    def _on_peer_dead(self, h: NodeHandle) -> None:
+        """Proximity declared ``h`` DEAD: remove it and repair."""
+
+    def _on_peer_alive(self, h: NodeHandle) -> None:
+        """A suspected/dead peer spoke again (override to re-insert it)."""
+        return None
+
+    # ------------------------------------------------------------ KBR API (shared part)
+    def register(self, name: str, app: Application) -> None:
+        """Register an application under ``name`` (unique per node)."""
+        if name in self.apps:
+            raise DuplicateApplicationError(f"application {name!r} is already registered")
+        self.apps[name] = app
+
+    def unregister(self, name: str) -> None:
+        self.apps.pop(name, None)
+
+    def route(
+        self,
+        key: NodeId | None,
+        app: str,
+        payload: Any,
+        hint: NodeHandle | None = None,
+    ) -> None:
+        """Route ``payload`` for application ``app`` to the node responsible for ``key``.
+
+        With ``key=None`` the payload goes straight to ``hint`` (Common API direct send).
+        """
+        if app not in self.apps:
+            raise UnknownApplicationError(f"no application {app!r} is registered on this node")
+        if key is None:
+            if hint is None:
+                raise OverlayError("route() needs a key or a hint")
+            self.send_direct(hint, app, payload)
+            return
+        if not isinstance(key, NodeId):
+            raise OverlayError(f"route() key must be a NodeId, got {type(key).__name__}")
+        msg = RouteMsg(key, app, payload, self.handle, self.runtime.rng.getrandbits(62), 0)
+        self._mark_seen(msg)
+        self._step(msg, None, hint)
+
+    def send_direct(self, dst: NodeHandle, app: str, payload: Any) -> None:
+        """Send an application payload to one node without routing (no ack, may be lost)."""
+        if dst == self.handle:
+            a = self.apps.get(app)
+            if a is not None:
+                a.deliver(self.id, payload, self.handle)
+            return
+        self.runtime.send(dst, DirectMsg(app, payload, self.handle))
+
+    def is_responsible(self, key: NodeId) -> bool:
+        return self.next_hop(key) is None
+
+    def notify_update(self, h: NodeHandle, joined: bool) -> None:
+        for a in self.apps.values():
+            a.update(h, joined)
+
+    # ------------------------------------------------------------ routing engine
+    def _mark_seen(self, msg: RouteMsg) -> bool:
+        """Remember (origin, msg_id); True if it was already there (a duplicate)."""
+        k = (msg.origin.id, msg.msg_id)
+        seen = self._seen
+        if k in seen:
+            return True
+        seen[k] = None
+        if len(seen) > self.kbr_config.dedupe_window:
+            seen.popitem(last=False)
+        return False
+
+    def _step(
+        self,
+        msg: RouteMsg,
+        exclude: set[NodeHandle] | None,
+        hint: NodeHandle | None = None,
+        reroutes: int = 0,
+    ) -> None:
+        nh: NodeHandle | None
+        if hint is not None and hint != self.handle and hint not in self.prox.bad:
+            nh = hint
+        else:
+            nh = self.next_hop(msg.key, exclude)
+        app = self.apps.get(msg.app)
+        if app is None:
+            self.stats["dropped_unknown_app"] += 1
+            return
+        if nh is None:
+            self.stats["delivered"] += 1
+            app.deliver(msg.key, msg.payload, msg.origin)
+            return
+        nh2 = app.forward(msg.key, msg.payload, nh)
+        if nh2 is None:
+            self.stats["stopped_by_app"] += 1
+            return
+        if nh2 == self.handle:
+            self.stats["delivered"] += 1
+            app.deliver(msg.key, msg.payload, msg.origin)
+            return
+        out = RouteMsg(msg.key, msg.app, msg.payload, msg.origin, msg.msg_id, msg.hops + 1)
+        self.stats["forwarded"] += 1
+        if not self.kbr_config.hop_acks:
+            self.runtime.send(nh2, out)
+            return
+        hop = _Hop(out, nh2, exclude)
+        hop.reroutes = reroutes
+        old = self._pending.pop(out.msg_id, None)
+        if old is not None and old.timer is not None:
+            old.timer.cancel()
+        self._pending[out.msg_id] = hop
+        self._send_hop(hop)
+
+    def _send_hop(self, hop: _Hop) -> None:
+        rt = self.runtime
+        hop.sent_at = rt.now()
+        timeout = min(self.prox.config.max_rto_s, self.prox.rto(hop.nh) * (2**hop.attempt))
+        mid = hop.msg.msg_id
+        hop.timer = rt.call_later(timeout, lambda: self._hop_timeout(mid, hop))
+        rt.send(hop.nh, hop.msg)
+
+    def _hop_timeout(self, mid: int, hop: _Hop) -> None:
+        if self._pending.get(mid) is not hop or self.stopped:
+            return
+        if hop.attempt < self.kbr_config.hop_retries:
+            hop.attempt += 1
+            self.stats["hop_retransmits"] += 1
+            self._send_hop(hop)
+            return
+        del self._pending[mid]
+        self.prox.suspect(hop.nh)
+        if hop.reroutes >= self.kbr_config.max_reroutes:
+            self.stats["route_dropped"] += 1
+            log.debug("route %x dropped after %d reroutes", mid, hop.reroutes)
+            return
+        self.stats["reroutes"] += 1
+        exclude = set(hop.exclude) if hop.exclude else set()
+        exclude.add(hop.nh)
+        prev = hop.msg
+        back = RouteMsg(prev.key, prev.app, prev.payload, prev.origin, prev.msg_id, prev.hops - 1)
+        self._step(back, exclude, None, hop.reroutes + 1)
+
+    def _on_route_ack(self, src: NodeHandle, msg: RouteAck) -> None:
+        hop = self._pending.get(msg.msg_id)
+        if hop is None or hop.nh != src:
+            return
+        del self._pending[msg.msg_id]
+        if hop.timer is not None:
+            hop.timer.cancel()
+        if hop.attempt == 0:  # Karn's rule: only unambiguous samples
+            self.prox.sample(src, self.runtime.now() - hop.sent_at)
+
+    def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
+        if self.kbr_config.hop_acks and src != self.handle:
+            self.runtime.send(src, RouteAck(msg.msg_id))
+        if self._mark_seen(msg):
+            self.stats["duplicates"] += 1
+            return
+        self._learn(src)
+        self._step(msg, None)
+
+    def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:
+        app = self.apps.get(msg.app)
+        if app is None:
+            self.stats["dropped_unknown_app"] += 1
+            return
+        app.deliver(self.id, msg.payload, msg.origin)
+
+    def _learn(self, h: NodeHandle) -> None:
+        """A node we heard from; overlays may use it to fill their tables (opportunistic)."""
+        return None

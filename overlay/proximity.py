@@ -1,0 +1,310 @@
+"""Proximity and liveness: RTT estimation, probes and the ALIVE/SUSPECTED/DEAD state machine.
+
+Theory of operation (DESIGN §2.5, §2.2 failure detection):
+
+* Every peer we have exchanged messages with gets a :class:`PeerState`. RTT samples (from
+  ping/pong and from per-hop route acks, Karn's rule: first transmissions only) feed an RFC 6298
+  estimator: SRTT/RTTVAR with alpha = 1/8, beta = 1/4, RTO = SRTT + 4·RTTVAR clamped to
+  [0.05, 10] s; the initial RTO is 1 s (RFC 6298 §2.1). The minimum RTT seen is kept as well:
+  FreePastry's proximity neighbour selection compares minimum RTTs, which are robust to queueing.
+* Liveness is a small state machine, per peer::
+
+      UNKNOWN --(any message / pong)--> ALIVE
+      ALIVE --(probe or route ack timed out)--> SUSPECTED --(retries exhausted)--> DEAD
+      SUSPECTED/DEAD --(any message from it)--> ALIVE
+
+  A probe is retransmitted with exponential back-off (RTO, 2·RTO, …) ``probe_retries`` times
+  before the peer is declared DEAD and the owner's ``on_dead`` callback runs (MSPastry,
+  Castro et al. 2003 §3.2: probe before declaring failure, so that message loss alone rarely
+  evicts a live node).
+* ``bad`` is the set of SUSPECTED ∪ DEAD handles; routing consults it on every hop, so it is kept
+  as a set rather than derived.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+
+import attrs
+
+from overlay.errors import ConfigError
+from overlay.handle import NodeHandle
+from overlay.messages import Message, register
+from overlay.runtime import Runtime, Timer
+
+log = logging.getLogger(__name__)
+
+
+class Liveness(enum.Enum):
+    UNKNOWN = "unknown"
+    ALIVE = "alive"
+    SUSPECTED = "suspected"
+    DEAD = "dead"
+
+
+def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen
+class ProximityConfig:
+    """RTT estimation and failure-detection knobs."""
+
+    initial_rto_s: float = attrs.field(default=1.0, validator=_positive)  # RFC 6298 §2.1
+    min_rto_s: float = attrs.field(default=0.05, validator=_positive)  # DESIGN §2.2
+    max_rto_s: float = attrs.field(default=10.0, validator=_positive)  # DESIGN §2.2
+    alpha: float = 1 / 8  # RFC 6298 §2.3
+    beta: float = 1 / 4  # RFC 6298 §2.3
+    #: retransmissions of an unanswered probe before DEAD (MSPastry probes a few times).
+    probe_retries: int = 3
+    #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
+    dead_memory_s: float = attrs.field(default=300.0, validator=_positive)
+
+
+@register(20)
+@attrs.frozen(slots=True)
+class Ping(Message):
+    nonce: int
+    sent_at: float
+
+
+@register(21)
+@attrs.frozen(slots=True)
+class Pong(Message):
+    nonce: int
+    sent_at: float
+
+
+class PeerState:
+    """What we know about one peer's latency and liveness."""
+
+    __slots__ = ("dead_since", "last_heard", "min_rtt", "rto", "rttvar", "srtt", "state")
+
+    def __init__(self, initial_rto_s: float) -> None:
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = initial_rto_s
+        self.min_rtt: float | None = None
+        self.state = Liveness.UNKNOWN
+        self.last_heard = -1.0
+        self.dead_since = -1.0
+
+
+class _Probe:
+    __slots__ = ("attempt", "callbacks", "handle", "nonce", "sent_at", "timer")
+
+    def __init__(self, handle: NodeHandle, nonce: int, sent_at: float, timer: Timer) -> None:
+        self.handle = handle
+        self.nonce = nonce
+        self.sent_at = sent_at
+        self.attempt = 0
+        self.timer = timer
+        self.callbacks: list[Callable[[float | None], None]] = []
+
+
+ProbeCallback = Callable[[float | None], None]
+
+
+class Proximity:
+    """Per-node table of peer RTTs and liveness; sends and answers probes through the Runtime."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        owner: NodeHandle,
+        config: ProximityConfig,
+        on_dead: Callable[[NodeHandle], None],
+        on_alive: Callable[[NodeHandle], None] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.owner = owner
+        self.config = config
+        self._on_dead = on_dead
+        self._on_alive = on_alive
+        self.peers: dict[NodeHandle, PeerState] = {}
+        self.bad: set[NodeHandle] = set()
+        self._probes: dict[NodeHandle, _Probe] = {}
+        self._by_nonce: dict[int, _Probe] = {}
+        self.probes_sent = 0
+
+    # ------------------------------------------------------------------ queries
+    def state(self, h: NodeHandle) -> Liveness:
+        p = self.peers.get(h)
+        return p.state if p is not None else Liveness.UNKNOWN
+
+    def is_dead(self, h: NodeHandle) -> bool:
+        p = self.peers.get(h)
+        if p is None or p.state is not Liveness.DEAD:
+            return False
+        return self.runtime.now() - p.dead_since <= self.config.dead_memory_s
+
+    def rtt(self, h: NodeHandle) -> float | None:
+        """Minimum RTT observed (seconds), or None if never measured (PNS metric)."""
+        p = self.peers.get(h)
+        return p.min_rtt if p is not None else None
+
+    def srtt(self, h: NodeHandle) -> float | None:
+        p = self.peers.get(h)
+        return p.srtt if p is not None else None
+
+    def rto(self, h: NodeHandle) -> float:
+        p = self.peers.get(h)
+        return p.rto if p is not None else self.config.initial_rto_s
+
+    def liveness_table(self) -> dict[NodeHandle, Liveness]:
+        return {h: p.state for h, p in self.peers.items()}
+
+    # ------------------------------------------------------------------ updates
+    def _peer(self, h: NodeHandle) -> PeerState:
+        p = self.peers.get(h)
+        if p is None:
+            p = self.peers[h] = PeerState(self.config.initial_rto_s)
+        return p
+
+    def sample(self, h: NodeHandle, rtt_s: float) -> None:
+        """Feed one RTT measurement (RFC 6298 §2.2–2.3) and mark the peer ALIVE."""
+        if rtt_s < 0:
+            return
+        p = self._peer(h)
+        c = self.config
+        if p.srtt is None:
+            p.srtt = rtt_s
+            p.rttvar = rtt_s / 2
+        else:
+            p.rttvar = (1 - c.beta) * p.rttvar + c.beta * abs(p.srtt - rtt_s)
+            p.srtt = (1 - c.alpha) * p.srtt + c.alpha * rtt_s
+        p.rto = min(c.max_rto_s, max(c.min_rto_s, p.srtt + 4 * p.rttvar))
+        if p.min_rtt is None or rtt_s < p.min_rtt:
+            p.min_rtt = rtt_s
+        self._mark_alive(h, p)
+
+    def heard(self, h: NodeHandle) -> None:
+        """Any message from ``h`` is proof of life."""
+        p = self.peers.get(h)
+        if p is None:
+            return  # do not allocate state for every passer-by; sample() or probe() will
+        self._mark_alive(h, p)
+
+    def _mark_alive(self, h: NodeHandle, p: PeerState) -> None:
+        p.last_heard = self.runtime.now()
+        if p.state is not Liveness.ALIVE:
+            was_bad = p.state in (Liveness.SUSPECTED, Liveness.DEAD)
+            p.state = Liveness.ALIVE
+            self.bad.discard(h)
+            if was_bad and self._on_alive is not None:
+                self._on_alive(h)
+
+    def suspect(self, h: NodeHandle) -> None:
+        """Something (a missing route ack) hints that ``h`` failed: suspect it and probe."""
+        if h == self.owner:
+            return
+        p = self._peer(h)
+        if p.state is Liveness.DEAD:
+            return
+        if p.state is not Liveness.SUSPECTED:
+            p.state = Liveness.SUSPECTED
+            self.bad.add(h)
+        self.probe(h)
+
+    def forget(self, h: NodeHandle) -> None:
+        """Drop all state about ``h`` (it left our tables and is not DEAD-remembered)."""
+        pr = self._probes.pop(h, None)
+        if pr is not None:
+            pr.timer.cancel()
+            self._by_nonce.pop(pr.nonce, None)
+        p = self.peers.get(h)
+        if p is not None and p.state is not Liveness.DEAD:
+            del self.peers[h]
+            self.bad.discard(h)
+
+    def declare_dead(self, h: NodeHandle) -> None:
+        """Record a DEAD verdict (from our own probes) and tell the owner once."""
+        p = self._peer(h)
+        if p.state is Liveness.DEAD:
+            return
+        p.state = Liveness.DEAD
+        p.dead_since = self.runtime.now()
+        self.bad.add(h)
+        self._on_dead(h)
+
+    def expire_dead(self) -> None:
+        """Forget DEAD verdicts older than ``dead_memory_s`` (called from maintenance)."""
+        now = self.runtime.now()
+        limit = self.config.dead_memory_s
+        gone = [
+            h
+            for h, p in self.peers.items()
+            if p.state is Liveness.DEAD and now - p.dead_since > limit
+        ]
+        for h in gone:
+            del self.peers[h]
+            self.bad.discard(h)
+
+    # ------------------------------------------------------------------ probing
+    def probe(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
+        """Ping ``h``; ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is DEAD.
+
+        At most one probe per peer is in flight; further callers share its outcome.
+        """
+        if h == self.owner:
+            if callback is not None:
+                callback(0.0)
+            return
+        pr = self._probes.get(h)
+        if pr is None:
+            pr = self._send_probe(h, attempt=0)
+        if callback is not None:
+            pr.callbacks.append(callback)
+
+    def _send_probe(self, h: NodeHandle, attempt: int, old: _Probe | None = None) -> _Probe:
+        rt = self.runtime
+        nonce = rt.rng.getrandbits(32)
+        now = rt.now()
+        timeout = min(self.config.max_rto_s, self.rto(h) * (2**attempt))
+        timer = rt.call_later(timeout, lambda: self._probe_timeout(h, nonce))
+        if old is None:
+            pr = _Probe(h, nonce, now, timer)
+        else:
+            self._by_nonce.pop(old.nonce, None)
+            pr = old
+            pr.nonce, pr.sent_at, pr.timer = nonce, now, timer
+        pr.attempt = attempt
+        self._probes[h] = pr
+        self._by_nonce[nonce] = pr
+        self.probes_sent += 1
+        rt.send(h, Ping(nonce, now))
+        return pr
+
+    def _probe_timeout(self, h: NodeHandle, nonce: int) -> None:
+        pr = self._by_nonce.get(nonce)
+        if pr is None:
+            return
+        p = self._peer(h)
+        if p.state is not Liveness.DEAD and p.state is not Liveness.SUSPECTED:
+            p.state = Liveness.SUSPECTED
+            self.bad.add(h)
+        if pr.attempt < self.config.probe_retries:
+            self._send_probe(h, pr.attempt + 1, pr)
+            return
+        del self._by_nonce[nonce]
+        del self._probes[h]
+        self.declare_dead(h)
+        for cb in pr.callbacks:
+            cb(None)
+
+    def on_ping(self, src: NodeHandle, msg: Ping) -> None:
+        self.runtime.send(src, Pong(msg.nonce, msg.sent_at))
+
+    def on_pong(self, src: NodeHandle, msg: Pong) -> None:
+        pr = self._by_nonce.pop(msg.nonce, None)
+        if pr is None or pr.handle != src:
+            return  # late or foreign pong
+        pr.timer.cancel()
+        del self._probes[pr.handle]
+        rtt = self.runtime.now() - pr.sent_at
+        self.sample(src, rtt)
+        for cb in pr.callbacks:
+            cb(rtt)

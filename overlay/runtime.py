@@ -1,0 +1,103 @@
+"""The Runtime protocol: the only way a protocol core reaches the world (DESIGN §1.1).
+
+Theory of operation: cores are plain synchronous objects (like h11 / aioquic). They read the
+clock with ``now()``, schedule work with ``call_later()``, emit datagrams with ``send()`` and draw
+randomness from ``rng`` (a seeded ``random.Random``). Incoming datagrams enter through
+``core.receive(src, msg)``. Two drivers implement this: the trio ``overlay.Node`` (real clock) and
+the discrete-event simulator (virtual clock). :class:`ManualRuntime` below is a third, tiny one for
+synchronous unit tests: explicit time, every sent message recorded.
+
+``send`` has datagram semantics: it never blocks, never raises for network reasons, and the
+message may be lost. ``send_address`` exists only for bootstrap, when the joiner knows a seed's
+address but not yet its id.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from overlay.handle import Address, NodeHandle
+from overlay.messages import Message
+
+
+class Timer(Protocol):
+    """A scheduled callback; ``cancel()`` is idempotent and safe after it fired."""
+
+    def cancel(self) -> None: ...
+
+
+class Runtime(Protocol):
+    """What a core may use: a clock, timers, a datagram send and a seeded generator."""
+
+    @property
+    def rng(self) -> random.Random: ...
+
+    def now(self) -> float: ...
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer: ...
+
+    def send(self, dst: NodeHandle, msg: Message) -> None: ...
+
+    def send_address(self, address: Address, msg: Message) -> None: ...
+
+
+class _ManualTimer:
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualRuntime:
+    """A synchronous Runtime for unit tests: time moves only when the test says so.
+
+    Sent messages are appended to ``sent`` as ``(dst, msg)`` (``dst`` is a NodeHandle or, for
+    ``send_address``, the bare address); the test delivers them by hand.
+    """
+
+    def __init__(self, seed: int = 0, start_s: float = 0.0) -> None:
+        self._now = start_s
+        self._heap: list[tuple[float, int, _ManualTimer]] = []
+        self._seq = itertools.count()
+        self._rng = random.Random(seed)
+        self.sent: list[tuple[NodeHandle | Address, Message]] = []
+
+    @property
+    def rng(self) -> random.Random:
+        return self._rng
+
+    def now(self) -> float:
+        return self._now
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        t = _ManualTimer(fn)
+        heapq.heappush(self._heap, (self._now + max(0.0, delay_s), next(self._seq), t))
+        return t
+
+    def send(self, dst: NodeHandle, msg: Message) -> None:
+        self.sent.append((dst, msg))
+
+    def send_address(self, address: Address, msg: Message) -> None:
+        self.sent.append((address, msg))
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward, firing every timer that falls due, in order."""
+        end = self._now + seconds
+        while self._heap and self._heap[0][0] <= end:
+            when, _, t = heapq.heappop(self._heap)
+            self._now = when
+            if not t.cancelled:
+                t.fn()
+        self._now = end
+
+    def take_sent(self) -> list[tuple[NodeHandle | Address, Message]]:
+        out, self.sent = self.sent, []
+        return out

@@ -1,0 +1,76 @@
+"""RFC 6298 estimator and the liveness state machine, with explicit time."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlay import ConfigError, NodeHandle, NodeId
+from overlay.proximity import Liveness, Ping, Pong, Proximity, ProximityConfig
+from overlay.runtime import ManualRuntime
+
+ME = NodeHandle(NodeId(1), "me")
+PEER = NodeHandle(NodeId(2), "peer")
+
+
+def make() -> tuple[ManualRuntime, Proximity, list[NodeHandle]]:
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    return rt, Proximity(rt, ME, ProximityConfig(), on_dead=dead.append), dead
+
+
+def test_rfc6298_estimator() -> None:
+    _, p, _ = make()
+    assert p.rto(PEER) == 1.0  # RFC 6298 §2.1 initial RTO
+    p.sample(PEER, 0.1)
+    # first sample: SRTT = R, RTTVAR = R/2, RTO = SRTT + 4 RTTVAR
+    assert p.srtt(PEER) == pytest.approx(0.1)
+    assert p.rto(PEER) == pytest.approx(0.3)
+    p.sample(PEER, 0.2)
+    rttvar = 0.75 * 0.05 + 0.25 * abs(0.1 - 0.2)
+    srtt = 0.875 * 0.1 + 0.125 * 0.2
+    assert p.srtt(PEER) == pytest.approx(srtt)
+    assert p.rto(PEER) == pytest.approx(srtt + 4 * rttvar)
+    assert p.rtt(PEER) == pytest.approx(0.1)  # min RTT kept for PNS
+    p.sample(PEER, 0.0001)
+    assert p.rto(PEER) >= 0.05  # clamp
+
+
+def test_probe_answered() -> None:
+    rt, p, dead = make()
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    p.probe(PEER, got.append)  # shares the in-flight probe
+    ((dst, ping),) = rt.take_sent()
+    assert dst == PEER and isinstance(ping, Ping)
+    rt.advance(0.08)
+    p.on_pong(PEER, Pong(ping.nonce, ping.sent_at))
+    assert got == [pytest.approx(0.08)] * 2
+    assert p.state(PEER) is Liveness.ALIVE
+    assert not dead
+
+
+def test_unanswered_probe_goes_suspected_then_dead_with_backoff() -> None:
+    rt, p, dead = make()
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    rt.advance(1.0001)
+    assert p.state(PEER) is Liveness.SUSPECTED
+    assert PEER in p.bad
+    # retries at 2 s, 4 s, 8 s back-off: total 1 + 2 + 4 + 8 = 15 s
+    rt.advance(13.9)
+    assert not dead
+    rt.advance(0.2)
+    assert dead == [PEER] and got == [None]
+    assert p.state(PEER) is Liveness.DEAD and p.is_dead(PEER)
+    assert len([m for _, m in rt.take_sent() if isinstance(m, Ping)]) == 4
+    # any message from it revives it
+    p.heard(PEER)
+    assert p.state(PEER) is Liveness.ALIVE and PEER not in p.bad
+
+
+def test_foreign_pong_ignored_and_config_validated() -> None:
+    _, p, _ = make()
+    p.on_pong(PEER, Pong(12345, 0.0))
+    assert p.state(PEER) is Liveness.UNKNOWN
+    with pytest.raises(ConfigError):
+        ProximityConfig(min_rto_s=0)
