@@ -161,34 +161,53 @@ class KbrCore(abc.ABC):
             on_alive=self._on_peer_alive,
         )
         self._pending: dict[int, _Hop] = {}
-        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._handlers: dict[type[Message], Handler] = {
-            RouteMsg: self._on_route,
-            RouteAck: self._on_route_ack,
-            DirectMsg: self._on_direct,
-            Ping: self.prox.on_ping,
-            Pong: self.prox.on_pong,
-        }
+        self._seen: OrderedDict[tuple[int, int], None] | None = None  # allocated on first use
+        self._extra_handlers: dict[type[Message], Handler] | None = None
+
+    # Dispatch lives on the class, not the instance: at 10^6 simulated nodes a per-node dict of
+    # bound methods would cost about 600 bytes a node. Subclasses get their own copy.
+    _class_handlers: ClassVar[dict[type[Message], Callable[..., None]]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls._class_handlers = dict(cls._class_handlers)
 
     # ------------------------------------------------------------ driver-facing
     def add_handler(self, cls: type[Message], fn: Handler) -> None:
-        """Subclasses (and plugins that speak their own messages) register receive handlers."""
-        self._handlers[cls] = fn
+        """Register a receive handler for message class ``cls``.
+
+        A bound method of this core is stored once per core *class* (every instance registers
+        the same one); any other callable (a plugin's) is stored on this instance only.
+        """
+        func = getattr(fn, "__func__", None)
+        if func is not None and getattr(fn, "__self__", None) is self:
+            type(self)._class_handlers[cls] = func
+            return
+        if self._extra_handlers is None:
+            self._extra_handlers = {}
+        self._extra_handlers[cls] = fn
 
     def receive(self, src: NodeHandle, msg: Message) -> None:
         """Entry point for every incoming message. Never raises (DESIGN §2.7)."""
         if self.stopped:
             return
-        h = self._handlers.get(type(msg))
-        if h is None:
-            self.stats["dropped_unknown"] += 1
-            return
-        self.prox.heard(src)
+        t = type(msg)
+        f = self._class_handlers.get(t)
         try:
-            h(src, msg)
+            if f is not None:
+                self.prox.heard(src)
+                f(self, src, msg)
+                return
+            extra = self._extra_handlers
+            g = extra.get(t) if extra is not None else None
+            if g is None:
+                self.stats["dropped_unknown"] += 1
+                return
+            self.prox.heard(src)
+            g(src, msg)
         except Exception:  # malformed content must never crash the node's loop
             self.stats["dropped_malformed"] += 1
-            log.debug("dropped malformed %s from %r", type(msg).__name__, src, exc_info=True)
+            log.debug("dropped malformed %s from %r", t.__name__, src, exc_info=True)
 
     def stop(self) -> None:
         """Stop answering and cancel timers the base owns (subclasses extend)."""
@@ -297,6 +316,8 @@ class KbrCore(abc.ABC):
         """Remember (origin, msg_id); True if it was already there (a duplicate)."""
         k = (msg.origin.id, msg.msg_id)
         seen = self._seen
+        if seen is None:
+            seen = self._seen = OrderedDict()
         if k in seen:
             return True
         seen[k] = None
@@ -400,6 +421,21 @@ class KbrCore(abc.ABC):
             return
         app.deliver(self.id, msg.payload, msg.origin)
 
+    def _on_ping(self, src: NodeHandle, msg: Ping) -> None:
+        self.prox.on_ping(src, msg)
+
+    def _on_pong(self, src: NodeHandle, msg: Pong) -> None:
+        self.prox.on_pong(src, msg)
+
     def _learn(self, h: NodeHandle) -> None:
         """A node we heard from; overlays may use it to fill their tables (opportunistic)."""
         return None
+
+
+KbrCore._class_handlers = {
+    RouteMsg: KbrCore._on_route,
+    RouteAck: KbrCore._on_route_ack,
+    DirectMsg: KbrCore._on_direct,
+    Ping: KbrCore._on_ping,
+    Pong: KbrCore._on_pong,
+}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 import attrs
 
@@ -35,6 +36,9 @@ from overlay.messages import Message, register
 from overlay.runtime import Runtime, Timer
 
 log = logging.getLogger(__name__)
+
+
+_NO_BAD: frozenset[NodeHandle] = frozenset()
 
 
 class Liveness(enum.Enum):
@@ -125,10 +129,23 @@ class Proximity:
         self._on_dead = on_dead
         self._on_alive = on_alive
         self.peers: dict[NodeHandle, PeerState] = {}
-        self.bad: set[NodeHandle] = set()
+        # ``bad`` is read on every routing hop; an empty frozenset shared by all nodes stands in
+        # until the first suspicion (saves ~200 bytes a node at 10^6 simulated nodes).
+        self.bad: AbstractSet[NodeHandle] = _NO_BAD
         self._probes: dict[NodeHandle, _Probe] = {}
         self._by_nonce: dict[int, _Probe] = {}
         self.probes_sent = 0
+
+    def _bad_add(self, h: NodeHandle) -> None:
+        bad = self.bad
+        if not isinstance(bad, set):
+            bad = self.bad = set()
+        bad.add(h)
+
+    def _bad_discard(self, h: NodeHandle) -> None:
+        bad = self.bad
+        if isinstance(bad, set):
+            bad.discard(h)
 
     # ------------------------------------------------------------------ queries
     def state(self, h: NodeHandle) -> Liveness:
@@ -193,7 +210,7 @@ class Proximity:
         if p.state is not Liveness.ALIVE:
             was_bad = p.state in (Liveness.SUSPECTED, Liveness.DEAD)
             p.state = Liveness.ALIVE
-            self.bad.discard(h)
+            self._bad_discard(h)
             if was_bad and self._on_alive is not None:
                 self._on_alive(h)
 
@@ -206,7 +223,7 @@ class Proximity:
             return
         if p.state is not Liveness.SUSPECTED:
             p.state = Liveness.SUSPECTED
-            self.bad.add(h)
+            self._bad_add(h)
         self.probe(h)
 
     def forget(self, h: NodeHandle) -> None:
@@ -218,7 +235,7 @@ class Proximity:
         p = self.peers.get(h)
         if p is not None and p.state is not Liveness.DEAD:
             del self.peers[h]
-            self.bad.discard(h)
+            self._bad_discard(h)
 
     def declare_dead(self, h: NodeHandle) -> None:
         """Record a DEAD verdict (from our own probes) and tell the owner once."""
@@ -227,7 +244,7 @@ class Proximity:
             return
         p.state = Liveness.DEAD
         p.dead_since = self.runtime.now()
-        self.bad.add(h)
+        self._bad_add(h)
         self._on_dead(h)
 
     def expire_dead(self) -> None:
@@ -241,7 +258,7 @@ class Proximity:
         ]
         for h in gone:
             del self.peers[h]
-            self.bad.discard(h)
+            self._bad_discard(h)
 
     # ------------------------------------------------------------------ probing
     def probe(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
@@ -285,7 +302,7 @@ class Proximity:
         p = self._peer(h)
         if p.state is not Liveness.DEAD and p.state is not Liveness.SUSPECTED:
             p.state = Liveness.SUSPECTED
-            self.bad.add(h)
+            self._bad_add(h)
         if pr.attempt < self.config.probe_retries:
             self._send_probe(h, pr.attempt + 1, pr)
             return
