@@ -1,4 +1,13 @@
-"""flockring overlay layer: sans-io protocol cores and the trio Node facade (DESIGN §1)."""
+"""flockring overlay layer: sans-io protocol cores and the trio Node facade (DESIGN §1).
+
+The pinned public names (DESIGN §3) are importable from here. ``Node`` and ``Identity`` and the
+overlay configs are loaded on first use, so that importing a protocol core (``overlay.kbr``)
+never pulls in trio or the crypto library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from overlay.errors import (
     ConfigError,
@@ -12,16 +21,49 @@ from overlay.errors import (
 from overlay.handle import Address, NodeHandle
 from overlay.ids import RING, NodeId
 
+if TYPE_CHECKING:
+    from overlay.identity import Identity, IdentityError
+    from overlay.node import Node, ProbeError
+    from overlay.pastry import PastryConfig
+    from overlay.smallworld import SmallWorldConfig
+
+_LAZY = {
+    "Node": "overlay.node",
+    "ProbeError": "overlay.node",
+    "Identity": "overlay.identity",
+    "IdentityError": "overlay.identity",
+    "PastryConfig": "overlay.pastry",
+    "SmallWorldConfig": "overlay.smallworld",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'overlay' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "RING",
     "Address",
     "ConfigError",
     "DuplicateApplicationError",
+    "Identity",
+    "IdentityError",
     "InvalidIdError",
     "JoinError",
+    "Node",
     "NodeHandle",
     "NodeId",
     "NotReadyError",
     "OverlayError",
+    "PastryConfig",
+    "ProbeError",
+    "SmallWorldConfig",
     "UnknownApplicationError",
 ]

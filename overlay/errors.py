@@ -6,9 +6,17 @@ never raises (it is dropped and counted by the receiver, DESIGN §2.7).
 
 from __future__ import annotations
 
+from transports.errors import OverlayError
 
-class OverlayError(Exception):
-    """Base class of every flockring error."""
+__all__ = [
+    "ConfigError",
+    "DuplicateApplicationError",
+    "InvalidIdError",
+    "JoinError",
+    "NotReadyError",
+    "OverlayError",
+    "UnknownApplicationError",
+]
 
 
 class InvalidIdError(OverlayError, ValueError):

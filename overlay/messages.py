@@ -6,7 +6,8 @@ Theory of operation: every protocol message is a frozen, slotted attrs class der
 Tags are grouped by protocol so modules never collide:
 
 =========  ======================================
-1–19       KBR routing (overlay/kbr.py)
+1–15       KBR routing (overlay/kbr.py)
+16–19      live control requests (overlay/node.py: status, lookup)
 20–29      proximity probes (overlay/proximity.py)
 30–59      Pastry (overlay/pastry/)
 60–89      small-world ring (overlay/smallworld/)

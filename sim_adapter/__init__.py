@@ -1,1 +1,7 @@
-"""flockring package."""
+"""The discrete-event simulator: the same protocol cores in virtual time (DESIGN §1.1, §3)."""
+
+from sim_adapter import latency
+from sim_adapter.engine import Engine
+from sim_adapter.network import OVERLAYS, Lookup, Network, SimNode
+
+__all__ = ["OVERLAYS", "Engine", "Lookup", "Network", "SimNode", "latency"]

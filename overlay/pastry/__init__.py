@@ -1,1 +1,23 @@
-"""flockring package."""
+"""Pastry overlay (Rowstron & Druschel 2001; MSPastry 2003; FreePastry 2.1) — DESIGN §2.2.
+
+Public names: :class:`PastryCore` (the sans-io node), :class:`PastryConfig`, :func:`build_oracle`
+(steady state for large simulations), and the building blocks :class:`LeafSet`,
+:class:`RoutingTable`, :class:`JoinState`.
+"""
+
+from overlay.pastry.config import PastryConfig
+from overlay.pastry.core import PastryCore
+from overlay.pastry.join import JOIN_APP, JoinState
+from overlay.pastry.leaf_set import LeafSet
+from overlay.pastry.oracle import build_oracle
+from overlay.pastry.routing_table import RoutingTable
+
+__all__ = [
+    "JOIN_APP",
+    "JoinState",
+    "LeafSet",
+    "PastryConfig",
+    "PastryCore",
+    "RoutingTable",
+    "build_oracle",
+]

@@ -1,0 +1,785 @@
+"""Recursive-partition multicast and map-reduce aggregation on the KBR API (both overlays).
+
+Theory of operation (DESIGN §2.4; PonD, Lee et al. HPDC 2012, §2.3, §3.1, §4.1; DeeToo;
+Vishnevsky et al.'s self-organising trees):
+
+* **Partition.** A node responsible for a region takes the live nodes it knows there
+  (``KbrCore.known_in_range``), sorts them from the region's start in the tree's direction,
+  n1..ni (itself among them when it lies inside), and gives n_j the sub-region [n_j, n_{j+1})
+  and n_i [n_i, end); n1 also gets the stretch between the region's start and itself (a node
+  always knows its ring neighbours, so that stretch holds no node the parent could have named).
+  A node whose sub-region holds no other node it knows is a leaf (PonD §2.3). The
+  counter-clockwise tree mirrors this: n_j gets (n_{j+1}, n_j] (PonD §3.1.4). Nothing is kept
+  between queries: the tree is rebuilt from routing state every time, so it follows churn.
+* **Map-reduce.** Each node maps locally (``Aggregator.map``), sends the query to its children,
+  reduces their answers into its own (``Aggregator.reduce``) and answers its parent **once**
+  (PonD §3.1.2). If the reduction declares itself done (``Aggregator.done``, the First-Fit mode
+  of PonD §3.1.3) the node answers at once and ignores later children.
+* **Deadlines, never silent loss.** A query carries a time budget. A child's budget is derived
+  from the estimated number of nodes in its sub-region s (the root's ring-size estimate times
+  the sub-region's share of the ring): ``level_s · (depth_factor · log2(s + 1) + slack)``,
+  because the partition tree over s nodes is O(log s) deep (PonD §4.1, DeeToo), clamped so that
+  the parent's own deadline is never exceeded. A child that has not answered by its deadline is
+  reported with its whole sub-region as a **missing range**; a reply lists the missing ranges
+  of its subtree, so the root knows exactly which ids its value does not cover.
+* **Failure detection and repair.** A child acknowledges a query at once (``McAck``). An
+  unacknowledged query is retransmitted with RFC 6298 back-off (the core's RTO for that peer);
+  after ``ack_retries`` the child is presumed dead, suspected to the overlay (which probes it),
+  reported as the one-id missing range [c, c+1), and the rest of its sub-region is re-dispatched
+  by the parent: through the nodes it knows there, or relayed towards the region with the
+  overlay's own ``next_hop`` (which routes around suspected nodes) until a node that knows nodes
+  inside takes over. The same relay lets a root query a region it is not part of (DeeToo).
+* **Redundant topology** (PonD §3.1.4). ``direction="both"`` runs the clockwise and the
+  counter-clockwise tree concurrently from the root and merges them: values by
+  ``Aggregator.merge`` (dedupe by node id for values that carry ids; ``max`` for plain counts,
+  as PondSim's ``combineResults``) and missing ranges by intersection: a range is missing only
+  if it is missing in both trees. The two trees' ancestor chains are disjoint except the root,
+  so one crash rarely hides a node from both.
+* **Cost.** Per edge: one query, one ack, one reply; O(1) bytes for a fixed-size value plus one
+  id pair per missing range (PonD §4.1). One timer per internal node per query, none on leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from overlay.errors import OverlayError
+from overlay.handle import NodeHandle
+from overlay.ids import RING, NodeId, ring_distance
+from overlay.kbr import BaseApplication
+from overlay.multicast_api import (
+    BUILTIN_AGGREGATORS,
+    Aggregator,
+    CollectIds,
+    Count,
+    MulticastConfig,
+    MulticastResult,
+    ResultCallback,
+    UnknownAggregatorError,
+)
+from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck, Range
+from overlay.multicast_ranges import (
+    CCW,
+    CW,
+    in_region,
+    intersect,
+    normalize,
+    region_to_cw,
+    region_width,
+)
+from overlay.runtime import Timer
+
+if TYPE_CHECKING:
+    from overlay.kbr import KbrCore
+
+__all__ = [
+    "CCW",
+    "CW",
+    "MULTICAST_APP",
+    "Aggregator",
+    "CollectIds",
+    "Count",
+    "Multicast",
+    "MulticastConfig",
+    "MulticastResult",
+    "UnknownAggregatorError",
+    "attach",
+]
+
+#: the name the multicast application is registered under on every core.
+MULTICAST_APP = "multicast"
+
+_INF = float("inf")
+_NO_SESSIONS: dict[int, Any] = {}  # shared empty map until a node first holds a session
+_EPS = 1e-9
+
+
+_SENT, _ACKED, _ANSWERED, _FAILED = 0, 1, 2, 3
+
+
+class _Child:
+    __slots__ = ("ack_by", "attempts", "deadline", "handle", "msg", "sent_at", "state")
+
+    def __init__(self, handle: NodeHandle, msg: McQuery, now: float, ack_by: float) -> None:
+        self.handle = handle
+        self.msg = msg
+        self.sent_at = now
+        self.ack_by = ack_by
+        self.deadline = now + msg.budget_s + msg.level_s
+        self.attempts = 0
+        self.state = _SENT
+
+
+class _Session:
+    """One node's part in one tree of one query (exists only on internal nodes and roots)."""
+
+    __slots__ = (
+        "acc",
+        "agg",
+        "answer_by",
+        "arg",
+        "children",
+        "closed",
+        "depth",
+        "direction",
+        "early",
+        "level_s",
+        "missing",
+        "n_est",
+        "name",
+        "nodes",
+        "on_done",
+        "p_slot",
+        "p_token",
+        "parent",
+        "pending",
+        "qid",
+        "reply",
+        "t0",
+        "timer",
+        "token",
+    )
+
+    def __init__(self, token: int, qid: int, name: str, agg: Aggregator, arg: Any) -> None:
+        self.token = token
+        self.qid = qid
+        self.name = name
+        self.agg = agg
+        self.arg = arg
+        self.direction = CW
+        self.level_s = 1.0
+        self.n_est = 1
+        self.parent: NodeHandle | None = None
+        self.p_token = 0
+        self.p_slot = 0
+        self.acc: Any = None
+        self.nodes = 0
+        self.depth = 0
+        self.missing: list[Range] = []
+        self.children: list[_Child] = []
+        self.pending = 0
+        self.answer_by = _INF
+        self.timer: Timer | None = None
+        self.on_done: ResultCallback | None = None
+        self.t0 = 0.0
+        self.early = False
+        self.closed = False
+        self.reply: McReply | None = None  # kept until acknowledged
+
+
+class _Pair:
+    """Root-side merge of the two redundant trees."""
+
+    __slots__ = ("agg", "arg", "cb", "done", "results")
+
+    def __init__(self, agg: Aggregator, arg: Any, cb: ResultCallback) -> None:
+        self.agg = agg
+        self.arg = arg
+        self.cb = cb
+        self.results: list[MulticastResult] = []
+        self.done = False
+
+
+# ---------------------------------------------------------------------- the application
+class Multicast(BaseApplication):
+    """The per-node multicast/aggregation application (register it with :func:`attach`)."""
+
+    __slots__ = (
+        "_aggs",
+        "_estimate",
+        "_recent",
+        "_sessions",
+        "_token",
+        "config",
+        "core",
+        "listeners",
+    )
+
+    default_config: ClassVar[MulticastConfig] = MulticastConfig()
+
+    def __init__(self, core: KbrCore, config: MulticastConfig | None = None) -> None:
+        self.core = core
+        self.config = config if config is not None else self.default_config
+        self._aggs: dict[str, Aggregator] | None = None
+        self._sessions: dict[int, _Session] = _NO_SESSIONS
+        self._recent: dict[tuple[NodeHandle, int, int], McReply | None] | None = None
+        self._token = 0
+        self._estimate: tuple[float, int] | None = None
+        #: dissemination listeners: ``fn(payload)`` for every :meth:`broadcast` reaching us.
+        self.listeners: list[Callable[[Any], None]] | tuple[()] = ()
+
+    # ------------------------------------------------------------------ public API
+    def add_aggregator(self, name: str, agg: Aggregator) -> None:
+        """Register a map-reduce under ``name`` on this node (every node of a ring needs it)."""
+        if self._aggs is None:
+            self._aggs = {}
+        self._aggs[name] = agg
+
+    def add_listener(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(payload)`` for every :meth:`broadcast` that reaches this node."""
+        if isinstance(self.listeners, tuple):
+            self.listeners = []
+        self.listeners.append(fn)
+
+    def aggregator(self, name: str) -> Aggregator | None:
+        if self._aggs is not None:
+            a = self._aggs.get(name)
+            if a is not None:
+                return a
+        return BUILTIN_AGGREGATORS.get(name)
+
+    def aggregate(
+        self,
+        agg: str,
+        arg: Any = None,
+        *,
+        on_done: ResultCallback,
+        begin: NodeId | None = None,
+        end: NodeId | None = None,
+        direction: str = "cw",
+        timeout_s: float | None = None,
+        level_s: float | None = None,
+    ) -> int:
+        """Run aggregation ``agg`` over the clockwise region [begin, end) (default: the whole
+        ring) and call ``on_done(MulticastResult)`` once. Returns the query id.
+
+        ``direction`` is ``"cw"``, ``"ccw"`` or ``"both"`` (redundant trees, merged).
+        ``timeout_s`` bounds the answer time (unanswered parts are reported missing);
+        ``level_s`` overrides the per-level allowance for this query. The callback may run
+        before this method returns if the region holds nobody else.
+        """
+        a = self.aggregator(agg)
+        if a is None:
+            raise UnknownAggregatorError(f"no aggregator {agg!r} is registered on this node")
+        if direction not in ("cw", "ccw", "both"):
+            raise OverlayError(f"direction must be 'cw', 'ccw' or 'both', got {direction!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise OverlayError("timeout_s must be > 0")
+        if level_s is not None and not level_s > 0:
+            raise OverlayError("level_s must be > 0")
+        if (begin is None) != (end is None):
+            raise OverlayError("give both begin and end, or neither (whole ring)")
+        rt = self.core.runtime
+        qid = rt.rng.getrandbits(62)
+        me = self.core.id
+        b = me if begin is None else begin
+        e = me if end is None else end
+        # the same ids seen counter-clockwise: start at end-1, stop before begin-1
+        ccw_b, ccw_e = (b, e) if b == e else (NodeId((e - 1) % RING), NodeId((b - 1) % RING))
+        lvl = self.config.level_s if level_s is None else level_s
+        n_est = self.estimate_size()
+        answer_by = rt.now() + timeout_s if timeout_s is not None else _INF
+        if direction == "both":
+            pair = _Pair(a, arg, on_done)
+            local = self._local_value(a, arg, CW, b, e)
+
+            def pair_cb(r: MulticastResult) -> None:
+                self._pair_done(pair, r)
+
+            for d, rb, re_ in ((CW, b, e), (CCW, ccw_b, ccw_e)):
+                self._start_root(
+                    qid, agg, a, arg, d, rb, re_, lvl, n_est, answer_by, local, pair_cb
+                )
+        elif direction == "cw":
+            local = self._local_value(a, arg, CW, b, e)
+            self._start_root(qid, agg, a, arg, CW, b, e, lvl, n_est, answer_by, local, on_done)
+        else:
+            local = self._local_value(a, arg, CCW, ccw_b, ccw_e)
+            self._start_root(
+                qid, agg, a, arg, CCW, ccw_b, ccw_e, lvl, n_est, answer_by, local, on_done
+            )
+        return qid
+
+    def broadcast(
+        self,
+        payload: Any,
+        *,
+        on_done: ResultCallback | None = None,
+        begin: NodeId | None = None,
+        end: NodeId | None = None,
+        direction: str = "cw",
+        timeout_s: float | None = None,
+    ) -> int:
+        """Disseminate ``payload`` to the listeners of every node in the region; the result's
+        value is the number of nodes reached (missing ranges as for any aggregation)."""
+        return self.aggregate(
+            "deliver",
+            payload,
+            on_done=on_done if on_done is not None else _ignore,
+            begin=begin,
+            end=end,
+            direction=direction,
+            timeout_s=timeout_s,
+        )
+
+    def estimate_size(self) -> int:
+        """Ring-size estimate from the spread of the nearest ring neighbours (cached 60 s)."""
+        now = self.core.runtime.now()
+        est = self._estimate
+        if est is not None and now - est[0] < 60.0:
+            return est[1]
+        nb = self.core.neighbor_set(self.config.estimate_neighbors)
+        me = self.core.id
+        far = max((ring_distance(me, h.id) for h in nb), default=0)
+        n = len(nb) + 1 if far == 0 else max(len(nb) + 1, round(RING * len(nb) / (2 * far)))
+        self._estimate = (now, n)
+        return n
+
+    @property
+    def active_sessions(self) -> int:
+        """Queries this node is still waiting on (0 when idle: nothing leaks)."""
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------ KBR upcall
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        t = type(payload)
+        if t is McReply:
+            self._on_reply(src, payload)
+        elif t is McQuery:
+            self._on_query(src, payload)
+        elif t is McAck:
+            self._on_ack(src, payload)
+        elif t is McReplyAck:
+            self._on_reply_ack(payload)
+        else:
+            self.core.stats["multicast_dropped"] += 1
+
+    # ------------------------------------------------------------------ root side
+    def _local_value(self, a: Aggregator, arg: Any, d: int, b: int, e: int) -> tuple[Any, int]:
+        if in_region(d, self.core.id, b, e):
+            return a.map(self, arg), 1
+        return None, 0
+
+    def _start_root(
+        self,
+        qid: int,
+        name: str,
+        a: Aggregator,
+        arg: Any,
+        d: int,
+        b: NodeId,
+        e: NodeId,
+        level_s: float,
+        n_est: int,
+        answer_by: float,
+        local: tuple[Any, int],
+        cb: ResultCallback,
+    ) -> None:
+        s = self._new_session(qid, name, a, arg)
+        s.direction, s.level_s, s.n_est, s.answer_by = d, level_s, n_est, answer_by
+        s.on_done = cb
+        s.t0 = self.core.runtime.now()
+        s.acc, s.nodes = local
+        if s.acc is not None and a.done(arg, s.acc):
+            s.early = True
+        else:
+            self._dispatch(s, b, e, None, self.config.relay_ttl)
+        self._settle(s)
+
+    def _pair_done(self, p: _Pair, r: MulticastResult) -> None:
+        if p.done:
+            return
+        p.results.append(r)
+        if r.early or len(p.results) == 2:
+            p.done = True
+            if len(p.results) == 1:
+                p.cb(r)
+                return
+            x, y = p.results
+            if x.value is None or y.value is None:
+                value = y.value if x.value is None else x.value
+            else:
+                value = p.agg.merge(p.arg, x.value, y.value)
+            p.cb(
+                MulticastResult(
+                    value=value,
+                    missing=tuple(intersect(x.missing, y.missing)),
+                    depth=max(x.depth, y.depth),
+                    elapsed_s=max(x.elapsed_s, y.elapsed_s),
+                    nodes=max(x.nodes, y.nodes),
+                    early=x.early or y.early,
+                    qid=x.qid,
+                )
+            )
+
+    # ------------------------------------------------------------------ child side
+    def _on_query(self, src: NodeHandle, q: McQuery) -> None:
+        core = self.core
+        key = (src, q.token, q.slot)
+        recent = self._recent
+        if recent is None:
+            recent = self._recent = {}
+        elif key in recent:  # a retransmission: re-send a leaf's answer, or say we are alive
+            core.stats["multicast_duplicates"] += 1
+            cached = recent[key]
+            if cached is not None:
+                core.send_direct(src, MULTICAST_APP, cached)
+            elif self.config.acks:
+                core.send_direct(src, MULTICAST_APP, McAck(q.token, q.slot))
+            return
+        recent[key] = None
+        if len(recent) > self.config.dedupe_window:
+            del recent[next(iter(recent))]
+        a = self.aggregator(q.agg)
+        if a is None:  # cannot evaluate here: say so, never drop silently
+            core.stats["multicast_unknown_aggregator"] += 1
+            lo, hi = region_to_cw(q.direction, q.begin, q.end)
+            miss = ((NodeId(lo), NodeId(hi)),)
+            rep = McReply(q.token, q.slot, None, miss, 0, 0, False, 0)
+            recent[key] = rep
+            core.send_direct(src, MULTICAST_APP, rep)
+            return
+        d, b, e = q.direction, q.begin, q.end
+        me = core.id
+        inside = b == me or in_region(d, me, b, e)
+        value: Any = None
+        pts: list[NodeHandle] | None = None
+        if inside:
+            value = a.map(self, q.arg)
+            if q.avoid is None and b == me:
+                # the common case: a leaf has no known node in its sub-region
+                if d > 0:
+                    pts = core.known_in_range(b, e)
+                else:
+                    pts = core.known_in_range(NodeId((e + 1) % RING), NodeId((b + 1) % RING))
+                if not pts:
+                    rep = McReply(q.token, q.slot, value, (), 0, 1, False, 0)
+                    recent[key] = rep
+                    core.send_direct(src, MULTICAST_APP, rep)
+                    return
+        s = self._new_session(q.qid, q.agg, a, q.arg)
+        # ring-size estimates from 4 neighbours are noisy (a few times either way); the larger
+        # of ours and the one handed down errs towards longer budgets, never cut subtrees
+        s.direction, s.level_s, s.n_est = d, q.level_s, max(q.n_est, self.estimate_size())
+        s.parent, s.p_token, s.p_slot = src, q.token, q.slot
+        s.t0 = now = core.runtime.now()
+        s.answer_by = now + q.budget_s
+        if inside:
+            s.acc, s.nodes = value, 1
+        if s.acc is not None and a.done(q.arg, s.acc):
+            s.early = True
+        else:
+            self._dispatch(s, b, e, q.avoid, q.ttl, pts)
+        if s.pending and not s.early and self.config.acks:
+            # only nodes that must wait acknowledge: a leaf's immediate answer is its ack
+            core.send_direct(src, MULTICAST_APP, McAck(q.token, q.slot))
+        self._settle(s)
+
+    def _new_session(self, qid: int, name: str, a: Aggregator, arg: Any) -> _Session:
+        self._token += 1
+        s = _Session(self._token, qid, name, a, arg)
+        if self._sessions is _NO_SESSIONS:
+            self._sessions = {}
+        self._sessions[s.token] = s
+        return s
+
+    def _dispatch(
+        self,
+        s: _Session,
+        b: NodeId,
+        e: NodeId,
+        avoid: NodeId | None,
+        ttl: int,
+        pts: list[NodeHandle] | None = None,
+    ) -> None:
+        """Give every known node of region (b, e) its sub-region, or relay towards it."""
+        core = self.core
+        d = s.direction
+        if pts is None:
+            if d > 0:
+                pts = core.known_in_range(b, e)
+            else:
+                pts = core.known_in_range(NodeId((e + 1) % RING), NodeId((b + 1) % RING))
+        bad = core.prox.bad
+        if avoid is not None or bad:
+            pts = [h for h in pts if h.id != avoid and h not in bad]
+        me = core.id
+        if not pts:
+            if b == me or in_region(d, me, b, e):
+                return  # only this node: a leaf
+            self._relay(s, b, e, avoid, ttl)
+            return
+        if d > 0:
+            pts.sort(key=lambda h: (h.id - b) % RING)
+        else:
+            pts.sort(key=lambda h: (b - h.id) % RING)
+        inside = b == me or in_region(d, me, b, e)
+        starts: list[NodeHandle | None]
+        if inside:
+            my = (me - b) % RING if d > 0 else (b - me) % RING
+            # starts of the segments in tree order; None marks this node's own segment
+            starts = []
+            placed = False
+            for h in pts:
+                if not placed:
+                    hd = (h.id - b) % RING if d > 0 else (b - h.id) % RING
+                    if hd > my:
+                        starts.append(None)
+                        placed = True
+                starts.append(h)
+            if not placed:
+                starts.append(None)
+        else:
+            starts = [*pts]
+        n = len(starts)
+        for j in range(n):
+            c = starts[j]
+            if c is None:
+                continue
+            sb = b if j == 0 else c.id
+            nxt = starts[j + 1] if j + 1 < n else None
+            se = e if j + 1 == n else (me if nxt is None else nxt.id)
+            self._send_child(s, c, sb, se, None, self.config.relay_ttl)
+
+    def _relay(self, s: _Session, b: NodeId, e: NodeId, avoid: NodeId | None, ttl: int) -> None:
+        """This node is outside (b, e) and knows nobody inside: hand the region to the overlay's
+        next hop towards its start; if this node is the closest, the region is empty."""
+        lo, hi = region_to_cw(s.direction, b, e)
+        if ttl <= 0:
+            s.missing.append((NodeId(lo), NodeId(hi)))
+            return
+        core = self.core
+        nh = core.next_hop(b)
+        if nh is not None and nh.id == avoid:
+            nh = core.next_hop(b, {nh})
+        if nh is None or nh == core.handle:
+            return  # nobody closer to the region knows of it: it holds no node
+        self._send_child(s, nh, b, e, avoid, ttl - 1)
+
+    def _send_child(
+        self,
+        s: _Session,
+        h: NodeHandle,
+        b: NodeId,
+        e: NodeId,
+        avoid: NodeId | None,
+        ttl: int,
+    ) -> None:
+        rt = self.core.runtime
+        now = rt.now()
+        lvl = s.level_s
+        cfg = self.config
+        size = s.n_est * region_width(s.direction, b, e) / RING
+        budget = lvl * (cfg.depth_factor * math.log2(size + 1.0) + cfg.slack_levels)
+        room = s.answer_by - now - lvl
+        if room < budget:
+            budget = room
+        if budget < 0.0:  # no time left for this sub-region: report it, do not send
+            lo, hi = region_to_cw(s.direction, b, e)
+            s.missing.append((NodeId(lo), NodeId(hi)))
+            return
+        msg = McQuery(
+            s.qid, s.name, s.arg, s.direction, b, e, budget, lvl, s.n_est, ttl, avoid,
+            s.token, len(s.children),
+        )  # fmt: skip
+        ack_by = now + self.core.prox.rto(h) if cfg.acks else _INF
+        s.children.append(_Child(h, msg, now, ack_by))
+        s.pending += 1
+        self.core.send_direct(h, MULTICAST_APP, msg)
+
+    # ------------------------------------------------------------------ answers
+    def _on_ack(self, src: NodeHandle, m: McAck) -> None:
+        s = self._sessions.get(m.token)
+        if s is None or s.closed or m.slot >= len(s.children):
+            return
+        c = s.children[m.slot]
+        if c.state == _SENT and c.handle == src:
+            c.state = _ACKED
+            if c.attempts == 0:  # Karn's rule
+                self.core.prox.sample(src, self.core.runtime.now() - c.sent_at)
+
+    def _on_reply(self, src: NodeHandle, m: McReply) -> None:
+        if m.ctoken:
+            self.core.send_direct(src, MULTICAST_APP, McReplyAck(m.ctoken))
+        s = self._sessions.get(m.token)
+        if s is None or s.closed or m.slot >= len(s.children):
+            return  # late answer to a finished session
+        c = s.children[m.slot]
+        if c.state >= _ANSWERED or c.handle != src:
+            return
+        c.state = _ANSWERED
+        s.pending -= 1
+        v = m.value
+        if v is not None:
+            s.acc = v if s.acc is None else s.agg.reduce(s.arg, s.acc, v)
+            s.nodes += m.nodes
+        if m.depth >= s.depth:
+            s.depth = m.depth + 1
+        if m.missing:
+            s.missing.extend(m.missing)
+        if m.early:
+            s.early = True
+        if v is not None and s.agg.done(s.arg, s.acc):
+            s.early = True
+            self._finish(s)
+        elif s.pending == 0:
+            self._finish(s)
+
+    def _settle(self, s: _Session) -> None:
+        """After dispatching: finish at once if nothing is pending, else arm the one timer."""
+        if s.pending == 0 or s.early:
+            self._finish(s)
+            return
+        self._arm(s)
+
+    def _arm(self, s: _Session) -> None:
+        t = _INF
+        for c in s.children:
+            st = c.state
+            if st == _SENT:
+                if c.ack_by < t:
+                    t = c.ack_by
+                if c.deadline < t:
+                    t = c.deadline
+            elif st == _ACKED and c.deadline < t:
+                t = c.deadline
+        if t == _INF:
+            return
+        rt = self.core.runtime
+        s.timer = rt.call_later(t - rt.now(), lambda: self._on_timer(s))
+
+    def _on_timer(self, s: _Session) -> None:
+        s.timer = None
+        if s.closed:
+            return
+        now = self.core.runtime.now() + _EPS
+        cfg = self.config
+        i = 0
+        while i < len(s.children):  # repairs may append children while we walk
+            c = s.children[i]
+            i += 1
+            st = c.state
+            if st >= _ANSWERED:
+                continue
+            if c.deadline <= now:
+                self._child_failed(s, c, dead=st == _SENT and cfg.acks)
+            elif st == _SENT and c.ack_by <= now:
+                if c.attempts < cfg.ack_retries:
+                    c.attempts += 1
+                    self.core.stats["multicast_retransmits"] += 1
+                    rto = self.core.prox.rto(c.handle) * (2**c.attempts)
+                    c.ack_by = now + rto
+                    self.core.send_direct(c.handle, MULTICAST_APP, c.msg)
+                else:
+                    self._child_failed(s, c, dead=True)
+        if s.closed:
+            return
+        if s.pending == 0:
+            self._finish(s)
+        else:
+            self._arm(s)
+
+    def _child_failed(self, s: _Session, c: _Child, dead: bool) -> None:
+        c.state = _FAILED
+        s.pending -= 1
+        q = c.msg
+        d = s.direction
+        core = self.core
+        core.stats["multicast_child_missing"] += 1
+        cid = c.handle.id
+        if dead:
+            core.prox.suspect(c.handle)
+        if not (dead and self.config.repair):
+            lo, hi = region_to_cw(d, q.begin, q.end)
+            s.missing.append((NodeId(lo), NodeId(hi)))
+            return
+        core.stats["multicast_repairs"] += 1
+        if not in_region(d, cid, q.begin, q.end):
+            # a relay towards the region died: hand the region to another next hop (the dead
+            # one is suspected now, so the overlay routes around it); bounded by the ttl
+            self._dispatch(s, q.begin, q.end, cid, q.ttl - 1)
+            return
+        # the child itself is missing; the rest of its sub-region is dispatched again
+        s.missing.append((cid, NodeId((cid + 1) % RING)))
+        ttl = self.config.relay_ttl
+        if q.begin != cid:  # the stretch before the child, which it was to cover too
+            self._dispatch(s, q.begin, cid, cid, ttl)
+        rb = NodeId((cid + d) % RING)
+        if rb != q.end:
+            self._dispatch(s, rb, q.end, cid, ttl)
+
+    def _finish(self, s: _Session) -> None:
+        if s.closed:
+            return
+        s.closed = True
+        if s.timer is not None:
+            s.timer.cancel()
+            s.timer = None
+        if s.parent is not None:
+            want_ack = self.config.acks and self.config.reply_retries > 0
+            rep = McReply(
+                s.p_token,
+                s.p_slot,
+                s.acc,
+                tuple(s.missing),
+                s.depth,
+                s.nodes,
+                s.early,
+                s.token if want_ack else 0,
+            )
+            self.core.send_direct(s.parent, MULTICAST_APP, rep)
+            if want_ack:  # keep the session as the retransmission record until acknowledged
+                s.reply = rep
+                s.children = []
+                s.pending = 0
+                self._arm_reply(s, 0)
+                return
+            del self._sessions[s.token]
+            return
+        del self._sessions[s.token]
+        cb = s.on_done
+        if cb is not None:
+            cb(
+                MulticastResult(
+                    value=s.acc,
+                    missing=tuple(normalize(s.missing)),
+                    depth=s.depth,
+                    elapsed_s=self.core.runtime.now() - s.t0,
+                    nodes=s.nodes,
+                    early=s.early,
+                    qid=s.qid,
+                )
+            )
+
+    # ------------------------------------------------------------------ reliable replies
+    def _arm_reply(self, s: _Session, attempt: int) -> None:
+        parent = s.parent
+        if parent is None:
+            return
+        rt = self.core.runtime
+        rto = self.core.prox.rto(parent) * (2**attempt)
+        s.timer = rt.call_later(rto, lambda: self._reply_timeout(s, attempt))
+
+    def _reply_timeout(self, s: _Session, attempt: int) -> None:
+        s.timer = None
+        if s.reply is None or s.parent is None or self._sessions.get(s.token) is not s:
+            return
+        if attempt >= self.config.reply_retries:
+            self.core.stats["multicast_reply_given_up"] += 1
+            del self._sessions[s.token]
+            return
+        self.core.stats["multicast_reply_retransmits"] += 1
+        self.core.send_direct(s.parent, MULTICAST_APP, s.reply)
+        self._arm_reply(s, attempt + 1)
+
+    def _on_reply_ack(self, m: McReplyAck) -> None:
+        s = self._sessions.get(m.token)
+        if s is None or s.reply is None:
+            return
+        if s.timer is not None:
+            s.timer.cancel()
+            s.timer = None
+        del self._sessions[s.token]
+
+
+def _ignore(_r: MulticastResult) -> None:
+    return None
+
+
+def attach(core: KbrCore, config: MulticastConfig | None = None) -> Multicast:
+    """Create the multicast application for ``core`` and register it as ``MULTICAST_APP``."""
+    mc = Multicast(core, config)
+    core.register(MULTICAST_APP, mc)
+    return mc

@@ -1,0 +1,176 @@
+"""Public types of the multicast application: config, aggregator plug-ins, results, errors.
+
+Split from :mod:`overlay.multicast` (which re-exports everything here) to keep modules small.
+See that module's theory of operation (PonD §3.1, DESIGN §2.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from overlay.errors import ConfigError, OverlayError
+from overlay.ids import NodeId
+from overlay.multicast_messages import Range
+
+if TYPE_CHECKING:
+    from overlay.multicast import Multicast
+
+
+class UnknownAggregatorError(OverlayError, KeyError):
+    """``aggregate`` named an aggregator that is not registered on this node."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown aggregator"
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
+
+
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen
+class MulticastConfig:
+    """Knobs of the multicast application (per node; the root's values travel in the query)."""
+
+    #: allowance for one tree level: query down + answer up + processing. PonD's WAN model has
+    #: one-way edges of 200–600 ms, so an RTT up to 1.2 s; 2 s leaves room for a retransmission.
+    level_s: float = attrs.field(default=2.0, validator=_positive)
+    #: expected depth of a partition tree over s nodes is depth_factor · log2(s + 1) levels
+    #: (the issue's bound: depth ≤ 2·log2 N).
+    depth_factor: float = attrs.field(default=2.0, validator=_positive)
+    #: extra levels of budget per child, so estimation error does not cut healthy subtrees.
+    slack_levels: float = attrs.field(default=3.0, validator=_non_negative)
+    #: acknowledge queries so that a dead child is found in about one RTO, not one deadline.
+    acks: bool = True
+    #: retransmissions of an unacknowledged query before the child is presumed dead: 1 finds a
+    #: dead child in 1+2 RTOs (3 s before any RTT sample), early enough to repair its region
+    #: within the parent's budget. Each try has two legs that can be lost, so at 0.25 % loss
+    #: about 2.5e-5 of live children are presumed dead: each costs that one node (reported as
+    #: missing; its sub-region is repaired). 2 makes that 1e-7 but detection takes 7 s.
+    ack_retries: int = attrs.field(default=1, validator=_non_negative)
+    #: retransmissions of an unacknowledged reply (internal nodes; a leaf re-sends its cached
+    #: reply when the parent retransmits the query). Needs ``acks``.
+    reply_retries: int = attrs.field(default=3, validator=_non_negative)
+    #: re-dispatch the sub-region of a child presumed dead (its own id is reported missing).
+    repair: bool = True
+    #: relay hops allowed to enter a region from outside before it is reported missing.
+    relay_ttl: int = attrs.field(default=32, validator=_positive)
+    #: remembered (parent, token, slot) of recent queries, to ignore retransmitted duplicates.
+    dedupe_window: int = attrs.field(default=32, validator=_positive)
+    #: nearest ring neighbours used to estimate the ring size at the root (from their spread;
+    #: 4 = the small-world near connections, 2 per side, DESIGN §2.3).
+    estimate_neighbors: int = attrs.field(default=4, validator=_positive)
+
+
+# ---------------------------------------------------------------------- aggregation plug-ins
+class Aggregator(Protocol):
+    """A pluggable map-reduce. Registered by name on every node (builtins are everywhere).
+
+    Values must be wire-encodable (ints, floats, strings, ids, tuples). ``None`` is reserved for
+    "no value" (a relay, an empty region) and is never passed to ``reduce`` or ``merge``.
+    """
+
+    def map(self, mc: Multicast, arg: Any) -> Any:
+        """This node's own contribution (``mc.core`` is the local core: id, state, ...)."""
+
+    def reduce(self, arg: Any, acc: Any, child: Any) -> Any:
+        """Merge one child's reduction into the accumulated value."""
+
+    def done(self, arg: Any, acc: Any) -> bool:
+        """True when ``acc`` already answers the query (First-Fit): answer without waiting."""
+
+    def merge(self, arg: Any, a: Any, b: Any) -> Any:
+        """Merge the results of the clockwise and counter-clockwise trees (dedupe by node id)."""
+
+
+class Count:
+    """Number of nodes. ``arg=k`` makes it First-Fit: done as soon as k nodes were counted.
+
+    The two redundant trees' counts cannot be deduplicated by id, so ``merge`` keeps the larger
+    (PondSim's ``combineResults``): a lower bound of the union, exact when one tree's missing
+    ranges hold no live node the other tree missed (e.g. only crashed nodes, after repair).
+    """
+
+    def map(self, mc: Multicast, arg: Any) -> int:
+        return 1
+
+    def reduce(self, arg: Any, acc: int, child: int) -> int:
+        return acc + child
+
+    def done(self, arg: Any, acc: int) -> bool:
+        return arg is not None and acc >= arg
+
+    def merge(self, arg: Any, a: int, b: int) -> int:
+        return max(a, b)
+
+
+class CollectIds:
+    """The sorted tuple of the ids of every node reached (O(N) bytes: tests and small rings).
+
+    ``arg=k`` makes it First-Fit (done once k ids are collected). ``merge`` is the union: the
+    exact "dedupe by node id" of the redundant trees.
+    """
+
+    def map(self, mc: Multicast, arg: Any) -> tuple[NodeId, ...]:
+        return (mc.core.id,)
+
+    def reduce(self, arg: Any, acc: tuple[NodeId, ...], child: tuple[NodeId, ...]) -> Any:
+        return acc + child
+
+    def done(self, arg: Any, acc: tuple[NodeId, ...]) -> bool:
+        return arg is not None and len(acc) >= arg
+
+    def merge(self, arg: Any, a: tuple[NodeId, ...], b: tuple[NodeId, ...]) -> Any:
+        return tuple(sorted(set(a) | set(b)))
+
+
+class _Deliver(Count):
+    """Dissemination: hand the payload to the node's listeners, count the nodes reached."""
+
+    def map(self, mc: Multicast, arg: Any) -> int:
+        for fn in mc.listeners:
+            fn(arg)
+        return 1
+
+    def done(self, arg: Any, acc: int) -> bool:
+        return False
+
+
+BUILTIN_AGGREGATORS: dict[str, Aggregator] = {
+    "count": Count(),
+    "ids": CollectIds(),
+    "deliver": _Deliver(),
+}
+
+
+@attrs.frozen(slots=True)
+class MulticastResult:
+    """What the root learns: the reduced value and exactly what it does not cover."""
+
+    value: Any  #: reduction over every node that answered (None if none did)
+    missing: tuple[Range, ...]  #: clockwise [lo, hi) ranges whose nodes were not counted
+    depth: int  #: height of the tree (edges on the longest root-to-leaf path that answered)
+    elapsed_s: float  #: from the call to the answer, on the runtime's clock
+    #: number of nodes that mapped and were reduced into ``value`` (redundant trees: the larger
+    #: of the two trees' numbers, a lower bound of the union when values dedupe by id)
+    nodes: int
+    early: bool  #: First-Fit: the reduction declared itself done before everything answered
+    qid: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every node of the region answered (nothing missing, no early finish)."""
+        return not self.missing and not self.early
+
+
+ResultCallback = Callable[[MulticastResult], None]
+
+# child states

@@ -1,0 +1,125 @@
+"""Pastry configuration: one attrs class, units in names, every default cites its source.
+
+Theory of operation: :class:`PastryConfig` gathers the knobs of DESIGN §2.2 — table geometry
+(b, leaf-set size), the leaf-set liveness protocol (FreePastry's ``PeriodicLeafSetProtocol``:
+neighbour heartbeats every 20 s with a 30 s lease), routing-table maintenance (lazy repair plus
+a periodic row exchange every 900 s, FreePastry ``pastry_routeSetMaintFreq``), partition healing
+(FreePastry ``PartitionHandler``: every 300 s re-join through a recently gone or bootstrap node),
+the consistent join (MSPastry, Castro et al. 2003 §3.1) and the oracle build. It also carries the
+:class:`~overlay.kbr.KbrConfig` and :class:`~overlay.proximity.ProximityConfig` the core's base
+uses, so one object configures a whole Pastry node.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from overlay.errors import ConfigError
+from overlay.kbr import KbrConfig
+from overlay.proximity import ProximityConfig
+
+
+def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+def _non_negative_int(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{attr.name} must be an int >= 0, got {value!r}")
+
+
+def _b_bits(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    if value not in (1, 2, 4, 5, 8):
+        raise ConfigError(f"{attr.name} must divide 160 and be 1, 2, 4, 5 or 8; got {value!r}")
+
+
+def _leaf_size(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2 or value % 2:
+        raise ConfigError(f"{attr.name} must be an even int >= 2, got {value!r}")
+
+
+def _pastry_proximity() -> ProximityConfig:
+    # Two probe retransmissions (three pings in all) before DEAD: FreePastry's test harnesses run
+    # with ``pastry_socket_scm_num_ping_tries = 2``..5; MSPastry (§3.2) retries a probe a small
+    # number of times. Three pings keep a neighbour's failure detected inside one lease period.
+    return ProximityConfig(probe_retries=2)
+
+
+@attrs.frozen
+class PastryConfig:
+    """Every Pastry knob (DESIGN §2.2). All times are seconds of the runtime's clock."""
+
+    #: bits per digit; 16 columns per row (Rowstron & Druschel 2001 §2.1; FreePastry
+    #: ``pastry_rtBaseBitLength = 4``).
+    b_bits: int = attrs.field(default=4, validator=_b_bits)
+    #: leaf-set size L, L/2 each side (DESIGN §2.2: 16; FreePastry ``pastry_lSetSize = 24``).
+    leaf_set_size: int = attrs.field(default=16, validator=_leaf_size)
+
+    # ---- leaf-set liveness (FreePastry PeriodicLeafSetProtocol; MSPastry §3.2)
+    #: heartbeat (carrying our leaf set) to each immediate neighbour
+    #: (FreePastry ``pastry_protocol_periodicLeafSet_ping_neighbor_period = 20000`` ms).
+    heartbeat_interval_s: float = attrs.field(default=20.0, validator=_positive)
+    #: an immediate neighbour silent this long is probed
+    #: (FreePastry ``pastry_protocol_periodicLeafSet_lease_period = 30000`` ms).
+    neighbor_lease_s: float = attrs.field(default=30.0, validator=_positive)
+    #: how often leases are checked (a local timer only; no messages). Half the heartbeat
+    #: period keeps detection within lease + 10 s (our choice, so that a crash is repaired
+    #: in < 60 s: DESIGN/issue 2 "after 60 virtual seconds").
+    lease_check_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    #: when a failure is detected, other leaf-set members not heard from for this long are
+    #: probed as well (correlated failures; MSPastry §3.2 probes on suspicion).
+    leaf_verify_after_s: float = attrs.field(default=20.0, validator=_positive)
+
+    #: failures we learnt of in this window ride on our heartbeats and leaf-set pushes, so
+    #: members that a detector could not reach directly still hear of them (FreePastry
+    #: ConsistentJoinProtocol sends its "failed set", ``maxFailedToSend = 20``).
+    failed_spread_s: float = attrs.field(default=60.0, validator=_positive)
+
+    # ---- routing-table maintenance
+    #: periodic routing-table row exchange (FreePastry ``pastry_routeSetMaintFreq = 900`` s;
+    #: MSPastry §3.3 "periodic routing table maintenance").
+    row_exchange_interval_s: float = attrs.field(default=900.0, validator=_positive)
+    #: at most this many unmeasured candidates are probed per row received in steady state
+    #: (keeps maintenance under 0.5 msg/s/node, MSPastry's budget).
+    row_probe_limit: int = attrs.field(default=4, validator=_non_negative_int)
+
+    # ---- partition healing (FreePastry PartitionHandler)
+    #: re-join through a recently gone or bootstrap node
+    #: (FreePastry ``partition_handler_check_interval = 300000`` ms).
+    partition_check_interval_s: float = attrs.field(default=300.0, validator=_positive)
+    #: nodes remembered as gone (FreePastry ``partition_handler_max_history_size = 20``).
+    gone_history_size: int = attrs.field(default=20, validator=_non_negative_int)
+    #: how long they are remembered (FreePastry ``partition_handler_max_history_age``: 90 min).
+    gone_history_age_s: float = attrs.field(default=5400.0, validator=_positive)
+    #: fraction of healing rounds that use a bootstrap address instead of a gone node
+    #: (FreePastry ``partition_handler_bootstrap_check_rate = 0.05``).
+    bootstrap_check_rate: float = 0.05
+
+    # ---- join (Rowstron & Druschel §2.4; MSPastry §3.1 consistent join)
+    #: first wait for the join reply; doubles on each retry (our choice: > a few RTTs x hops).
+    join_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    #: join attempts before ``on_done(False)`` (backoff 5, 10, 20, 40, 80 s).
+    join_attempts: int = attrs.field(default=5, validator=_non_negative_int)
+    #: retransmissions of the leaf-set probe of the consistent join before the member is
+    #: taken as dead (FreePastry ``pastry_socket_scm_num_ping_tries``-style retries).
+    join_probe_retries: int = attrs.field(default=3, validator=_non_negative_int)
+
+    # ---- oracle build (steady state computed directly, DESIGN §3)
+    #: random candidates sampled per routing-table slot; the lowest RTT wins (PNS).
+    oracle_pns_sample: int = attrs.field(default=16, validator=_non_negative_int)
+
+    kbr: KbrConfig = attrs.field(factory=KbrConfig)
+    proximity: ProximityConfig = attrs.field(factory=_pastry_proximity)
+
+    @property
+    def half_leaf(self) -> int:
+        return self.leaf_set_size // 2
+
+    @property
+    def rows(self) -> int:
+        return 160 // self.b_bits
+
+    @property
+    def cols(self) -> int:
+        return 1 << self.b_bits

@@ -1,0 +1,401 @@
+"""PastryCore: the sans-io Pastry node — routing state, routing decision, state mutation.
+
+Theory of operation (DESIGN §2.2; Rowstron & Druschel 2001 §2.2 "routing"; MSPastry, Castro et
+al. 2003 §3; butt-2006 §2.3):
+
+* **Routing** (:meth:`PastryCore.next_hop`, the simulator's hot path). If the key lies in the
+  leaf-set range, the node numerically closest among leaf set ∪ self is responsible: deliver here
+  or forward to that leaf. Otherwise forward to ``R[l][digit_l(key)]`` where ``l`` is the length
+  of the prefix the key shares with us. If that slot is empty, suspected or excluded — the *rare
+  case* — forward to any known node that shares at least ``l`` digits with the key and is
+  numerically closer to it than we are. Suspected/dead nodes (``prox.bad``) and the caller's
+  ``exclude`` set are skipped everywhere, which gives MSPastry's per-hop reroute (the hop
+  machinery itself is :class:`~overlay.kbr.KbrCore`'s). Every hop either lengthens the shared
+  prefix or strictly shrinks the numerical distance, so routes terminate.
+* **State mutation** goes through a few methods so that upcalls and maintenance hooks fire in
+  one place: :meth:`add_leaf` (a node known to be alive enters the leaf set), :meth:`learn_alive`
+  (a node spoke to us directly), :meth:`offer_leaves` (gossiped candidates: probed first, inserted
+  on the pong — "probe new leaf-set members on insertion"), :meth:`consider` (proximity neighbour
+  selection for the routing table: a candidate replaces an entry only if its measured minimum RTT
+  is lower; unknown RTT → probe first) and :meth:`_on_peer_dead` (remove, spread, repair).
+* The join state machine lives in ``join.py`` and the periodic protocols in ``maintenance.py``;
+  both are small objects holding a reference to the core.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import ClassVar
+
+from overlay.handle import Address, NodeHandle
+from overlay.ids import HALF_RING, ID_BITS, RING, NodeId, is_between, ring_distance
+from overlay.kbr import KbrCore
+from overlay.proximity import Liveness
+from overlay.runtime import Runtime
+
+from .config import PastryConfig
+from .join import JOIN_APP, JoinProtocol, JoinState
+from .leaf_set import LeafSet
+from .maintenance import Maintenance
+from .messages import (
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    JoinRows,
+    LeafFailed,
+    LeafSetReply,
+    LeafSetRequest,
+    RowReply,
+    RowRequest,
+    TableAnnounce,
+)
+from .routing_table import RoutingTable
+
+log = logging.getLogger(__name__)
+
+#: previous hops remembered by ``_learn`` (cleared when full)
+_LEARNED_MEMO = 256
+
+
+def check_handles(items: object) -> tuple[NodeHandle, ...]:
+    """Validate a handle list from the network (malformed → ValueError → dropped and counted)."""
+    if not isinstance(items, tuple | list):
+        raise ValueError(f"expected a tuple of handles, got {type(items).__name__}")
+    for h in items:
+        if type(h) is not NodeHandle or not isinstance(h.id, NodeId):
+            raise ValueError(f"not a NodeHandle: {h!r}")
+    return tuple(items)
+
+
+class PastryCore(KbrCore):
+    """A Pastry node (sans-io). Construct with a runtime, its own handle and a config."""
+
+    overlay_name: ClassVar[str] = "pastry"
+
+    def __init__(
+        self, runtime: Runtime, handle: NodeHandle, config: PastryConfig | None = None
+    ) -> None:
+        cfg = config if config is not None else PastryConfig()
+        super().__init__(runtime, handle, cfg.kbr, cfg.proximity)
+        self.config = cfg
+        self._oid = int(handle.id)
+        self._b = cfg.b_bits
+        self._mask = (1 << cfg.b_bits) - 1
+        self.leaf = LeafSet(handle, cfg.half_leaf)
+        self.table = RoutingTable(self._oid, cfg.b_bits)
+        self._verifying: set[NodeHandle] = set()
+        self._learned: set[NodeHandle] = set()
+        self._relaying = False
+        #: when a relayed failure report says the node was found dead (see maintenance)
+        self.report_time = 0.0
+        #: nodes we hold DEAD only on others' word: gossip naming them is verified, not ignored
+        self.dead_by_report: set[NodeHandle] = set()
+        self.joiner = JoinProtocol(self)
+        self.maint = Maintenance(self)
+        self.register(JOIN_APP, self.joiner.app)
+        add = self.add_handler
+        add(JoinRequest, self.joiner.on_join_request)
+        add(JoinRows, self.joiner.on_join_rows)
+        add(JoinReply, self.joiner.on_join_reply)
+        add(LeafSetRequest, self._on_leafset_request)
+        add(LeafSetReply, self._on_leafset_reply)
+        add(Heartbeat, self.maint.on_heartbeat)
+        add(LeafFailed, self.maint.on_leaf_failed)
+        add(RowRequest, self.maint.on_row_request)
+        add(RowReply, self.maint.on_row_reply)
+        add(TableAnnounce, self.maint.on_table_announce)
+
+    # ------------------------------------------------------------------ driver-facing
+    def start(self) -> None:
+        self.maint.start()
+
+    def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
+        self.joiner.start_join(seeds, on_done)
+
+    def stop(self) -> None:
+        super().stop()
+        self.maint.stop()
+        self.joiner.stop()
+        for h in list(self.prox._probes):  # in-flight probes must not fire after a crash
+            self.prox.forget(h)
+
+    @property
+    def join_state(self) -> JoinState:
+        return self.joiner.state
+
+    # ------------------------------------------------------------------ routing (hot path)
+    def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        bad = self.prox.bad
+        leaf = self.leaf
+        if leaf.in_range(key):
+            return leaf.closest(key, bad, exclude)
+        x = self._oid ^ key  # != 0: our own id is always in range
+        b = self._b
+        row_i = (ID_BITS - x.bit_length()) // b
+        row = self.table.rows[row_i]
+        if row is not None:
+            h = row[(key >> (ID_BITS - (row_i + 1) * b)) & self._mask]
+            if h is not None and not (bad and h in bad) and not (exclude and h in exclude):
+                return h
+        return self._rare_case(key, row_i, bad, exclude)
+
+    def _rare_case(
+        self,
+        key: int,
+        row_i: int,
+        bad: Collection[NodeHandle],
+        exclude: Collection[NodeHandle] | None,
+    ) -> NodeHandle | None:
+        """Any known node with prefix >= l that is numerically closer to ``key`` than us."""
+        self.stats["rare_case"] += 1
+        oid = self._oid
+        bd = ring_distance(oid, key)
+        bid = oid
+        best: NodeHandle | None = None
+        limit = ID_BITS - row_i * self._b  # prefix >= l  <=>  (id ^ key).bit_length() <= limit
+        rows = self.table.rows
+        cands: list[Iterable[NodeHandle | None]] = [self.leaf.nodes()]
+        cands.extend(r for r in rows[row_i:] if r is not None)
+        for group in cands:
+            for h in group:
+                if h is None or (bad and h in bad) or (exclude and h in exclude):
+                    continue
+                hid = h.id
+                if (hid ^ key).bit_length() > limit:
+                    continue
+                d = (key - hid) % RING
+                if d > HALF_RING:
+                    d = RING - d
+                if d < bd or (d == bd and hid < bid):
+                    best, bd, bid = h, d, hid
+        return best
+
+    # ------------------------------------------------------------------ KBR queries
+    def local_lookup(self, key: NodeId, n: int) -> list[NodeHandle]:
+        """Up to ``n`` usable next hops towards ``key``: the routing choice first, then every
+        known live node that makes progress (longer shared prefix, then numerically closer)."""
+        first = self.next_hop(key)
+        bad = self.prox.bad
+        mine = (ID_BITS - (self._oid ^ key).bit_length(), ring_distance(self._oid, key))
+        scored: list[tuple[int, int, int, NodeHandle]] = []
+        for h in self.known_nodes():
+            if h in bad or h == first:
+                continue
+            spl = ID_BITS - (int(h.id) ^ key).bit_length()
+            d = ring_distance(h.id, key)
+            if (spl // self._b, -d) > (mine[0] // self._b, -mine[1]):
+                scored.append((-(spl // self._b), d, int(h.id), h))
+        scored.sort(key=lambda t: t[:3])
+        out = [first] if first is not None else []
+        out.extend(t[3] for t in scored)
+        return out[: max(0, n)]
+
+    def neighbor_set(self, n: int) -> list[NodeHandle]:
+        bad = self.prox.bad
+        return [h for h in self.leaf.ordered_by_distance() if h not in bad][: max(0, n)]
+
+    def replica_set(self, key: NodeId, k: int) -> list[NodeHandle]:
+        bad = self.prox.bad
+        cands = [h for h in self.leaf.nodes() if h not in bad]
+        cands.append(self.handle)
+        cands.sort(key=lambda h: (ring_distance(h.id, key), int(h.id)))
+        return cands[: max(0, k)]
+
+    def known_in_range(self, begin: NodeId, end: NodeId) -> list[NodeHandle]:
+        bad = self.prox.bad
+        out = [
+            h
+            for h in self.known_nodes()
+            if h not in bad and h != self.handle and is_between(h.id, begin, end)
+        ]
+        out.sort(key=lambda h: (int(h.id) - begin) % RING)
+        return out
+
+    def known_nodes(self) -> list[NodeHandle]:
+        seen = set(self.leaf.members)
+        out = list(self.leaf.nodes())
+        for h in self.table.entries():
+            if h not in seen:
+                seen.add(h)
+                out.append(h)
+        return out
+
+    def routing_row(self, i: int) -> list[NodeHandle]:
+        """The filled entries of routing-table row ``i`` (what poolD announces along)."""
+        return self.table.row(i)
+
+    @property
+    def leaf_set(self) -> tuple[NodeHandle, ...]:
+        return self.leaf.nodes()
+
+    # ------------------------------------------------------------------ state mutation
+    def add_leaf(self, h: NodeHandle) -> bool:
+        """Insert a node known to be alive into the leaf set (if it belongs there)."""
+        if h.id == self.id:
+            return False
+        before = self.leaf.members
+        if not self.leaf.insert(h):
+            return False
+        self._leaf_changed(before, self.leaf.members)
+        return True
+
+    def _leaf_changed(self, before: set[NodeHandle], after: set[NodeHandle]) -> None:
+        # Iterate tuples, not set differences: NodeHandle hashes vary with PYTHONHASHSEED
+        # (attrs salts them), and upcall order must not depend on it.
+        for m in self.leaf.nodes():
+            if m not in before:
+                self.notify_update(m, True)
+        if len(before) + len(after) > 0 and not before <= after:
+            for m in sorted(before - after, key=lambda h: int(h.id)):
+                self.maint.heard.pop(m, None)
+                self.notify_update(m, False)
+        self.joiner.on_leaf_changed()
+
+    def learn_alive(self, h: NodeHandle) -> None:
+        """``h`` just spoke to us: it may enter the leaf set and the routing table."""
+        if h.id == self.id:
+            return
+        leaf = self.leaf
+        if h not in leaf.members and leaf.fits(h.id):
+            self.add_leaf(h)
+        if h not in self.table.members:
+            self.consider(h, probe=False)
+
+    def _learn(self, h: NodeHandle) -> None:
+        # KbrCore calls this for the previous hop of every routed message (hot path): a
+        # bounded memo keeps repeat senders that lost PNS to an existing entry at one lookup.
+        if h in self.table.members or h in self.leaf.members or h in self._learned:
+            return
+        learned = self._learned
+        if len(learned) >= _LEARNED_MEMO:
+            learned.clear()
+        learned.add(h)
+        self.learn_alive(h)
+
+    def offer_leaves(self, cands: Iterable[NodeHandle], skip_dead: bool = True) -> None:
+        """Gossiped leaf-set candidates: probe each one that fits, insert it on the pong."""
+        leaf = self.leaf
+        prox = self.prox
+        now = self.runtime.now()
+        lease = self.config.neighbor_lease_s
+        for c in cands:
+            if c.id == self.id or c in leaf.members or c in self._verifying:
+                continue
+            if not leaf.fits(c.id):
+                continue
+            if skip_dead and prox.is_dead(c) and c not in self.dead_by_report:
+                continue
+            p = prox.peers.get(c)
+            if p is not None and p.state is Liveness.ALIVE and now - p.last_heard < lease:
+                if self.add_leaf(c):
+                    self.maint.push_to(c)
+                continue
+            self._verifying.add(c)
+            self.stats["leaf_verify_probes"] += 1
+            prox.probe(c, self._verified_cb(c))
+
+    def _verified_cb(self, c: NodeHandle) -> Callable[[float | None], None]:
+        def done(rtt: float | None) -> None:
+            self._verifying.discard(c)
+            self.dead_by_report.discard(c)  # our own verdict now, either way
+            if rtt is None or self.stopped:
+                return
+            if c not in self.leaf.members and self.leaf.fits(c.id) and self.add_leaf(c):
+                self.maint.push_to(c)
+            self.consider(c, probe=False)
+
+        return done
+
+    def consider(self, h: NodeHandle, probe: bool) -> bool:
+        """Proximity neighbour selection for the routing-table slot ``h`` belongs to.
+
+        An empty slot takes ``h`` at once; an occupied slot is replaced only when ``h``'s
+        measured minimum RTT is lower (or the occupant is suspected). With ``probe`` an
+        unmeasured RTT is probed first and the comparison re-run on the pong. Returns True
+        if a probe was started.
+        """
+        table = self.table
+        slot = table.slot_of(h.id)
+        if slot is None:
+            return False
+        prox = self.prox
+        if prox.is_dead(h):
+            return False
+        row, col = slot
+        e = table.get(row, col)
+        if e is None:
+            table.put(row, col, h)
+            if probe and prox.rtt(h) is None:
+                prox.probe(h)
+                return True
+            return False
+        if e == h:
+            return False
+        if e in prox.bad and h not in prox.bad:
+            table.put(row, col, h)
+            return False
+        rh = prox.rtt(h)
+        if rh is None:
+            if probe:
+                prox.probe(h, self._pns_cb(h))
+                return True
+            return False
+        re = prox.rtt(e)
+        if re is None:
+            if probe:
+                prox.probe(e, self._pns_cb(h))
+                return True
+            return False
+        if rh < re:
+            table.put(row, col, h)
+            self.stats["pns_replacements"] += 1
+        return False
+
+    def _pns_cb(self, h: NodeHandle) -> Callable[[float | None], None]:
+        def done(rtt: float | None) -> None:
+            if not self.stopped and self.prox.rtt(h) is not None:
+                self.consider(h, probe=False)
+
+        return done
+
+    # ------------------------------------------------------------------ liveness hooks
+    def _on_peer_dead(self, h: NodeHandle) -> None:
+        was_leaf = h in self.leaf.members
+        before = self.leaf.members
+        if self.leaf.remove(h):
+            self._leaf_changed(before, self.leaf.members)
+        slot = self.table.remove(h)
+        self.maint.on_dead(h, was_leaf, slot, relayed=self._relaying)
+        self.joiner.on_dead(h)
+
+    def _on_peer_alive(self, h: NodeHandle) -> None:
+        self.maint.on_alive(h)
+        if not self.stopped:
+            self.learn_alive(h)
+
+    def accept_failure_report(self, h: NodeHandle, found_at: float) -> None:
+        """Another leaf-set member found ``h`` dead at ``found_at``: drop it, do not re-spread
+        (its age rides on our heartbeats until ``failed_spread_s`` after ``found_at``)."""
+        if h not in self.leaf.members and h not in self.table.members:
+            return
+        self._relaying = True
+        self.report_time = found_at
+        try:
+            self.prox.declare_dead(h)
+            self.dead_by_report.add(h)
+        finally:
+            self._relaying = False
+
+    # ------------------------------------------------------------------ leaf-set requests
+    def _on_leafset_request(self, src: NodeHandle, msg: LeafSetRequest) -> None:
+        if msg.insert_me:
+            self.learn_alive(src)
+        self.runtime.send(src, LeafSetReply(msg.nonce, self.leaf.nodes()))
+
+    def _on_leafset_reply(self, src: NodeHandle, msg: LeafSetReply) -> None:
+        leaves = check_handles(msg.leaves)
+        if self.joiner.on_leafset_reply(src, msg.nonce, leaves):
+            return
+        self.learn_alive(src)
+        self.offer_leaves(leaves)

@@ -1,0 +1,330 @@
+"""The Pastry join: routed join request, row collection, consistent-join readiness, retries.
+
+Theory of operation (Rowstron & Druschel 2001 §2.4 "node arrival"; MSPastry, Castro et al. 2003
+§3.1 "consistent join"; FreePastry ``ConsistentJoinProtocol``; DESIGN §2.2):
+
+State machine of the joiner, as data (:class:`JoinState`)::
+
+    IDLE --join(seeds)--> JOINING --JoinReply--> PROBING --all leaves confirmed--> READY
+      \\--join([])--> READY          |  ^  timeout: retry the next seed, doubled timeout
+                                    v  |  (join_attempts exhausted → FAILED)
+
+1. JOINING: the joiner X sends :class:`JoinRequest` to a seed *address* (the only time it uses
+   ``send_address``). The seed routes a :class:`JoinPayload` to key X.id over the KBR (per-hop
+   acks and reroutes included). Every hop i, in the ``forward`` upcall, sends X its routing rows
+   0..l_i (:class:`JoinRows`; l_i = prefix hop i shares with X): those rows are valid rows of X.
+   The numerically closest node Z receives the ``deliver`` upcall and answers
+   :class:`JoinReply` with its leaf set (X's leaf set is Z's, shifted by one) and its rows.
+2. PROBING (consistent join): X installs the leaf set and asks every member with
+   :class:`LeafSetRequest` (``insert_me``). Each member inserts X and answers its own leaf set;
+   members X did not know yet are asked in turn. Requests are retransmitted with RTO back-off;
+   a member that never answers is declared dead and dropped. Every routing-table candidate goes
+   through proximity neighbour selection (probed first).
+3. READY once every current leaf-set member has confirmed: X is then in all their leaf sets.
+   X announces itself to its routing-table entries (:class:`TableAnnounce`, with the RTT it
+   measured) and maintenance starts.
+
+The same routed request with ``rejoin=True`` is the partition healer's probe (FreePastry
+``PartitionHandler``): the reply is then merged as gossip (probe, then insert).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from overlay.errors import OverlayError
+from overlay.handle import Address, NodeHandle
+from overlay.ids import NodeId, shared_prefix_len
+from overlay.kbr import BaseApplication
+from overlay.runtime import Timer
+
+from .messages import JoinPayload, JoinReply, JoinRequest, JoinRows, LeafSetRequest
+
+if TYPE_CHECKING:
+    from .core import PastryCore
+
+log = logging.getLogger(__name__)
+
+JOIN_APP = "_pastry.join"
+
+#: the probing phase may take a few RTO back-offs per member; it gets this many times the
+#: current join timeout before the whole join is retried (a safety net only).
+_PROBING_SLACK = 6.0
+
+
+class JoinState(enum.Enum):
+    IDLE = "idle"
+    JOINING = "joining"
+    PROBING = "probing"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class _JoinApp(BaseApplication):
+    """KBR application that carries the routed leg of joins on existing nodes."""
+
+    def __init__(self, core: PastryCore) -> None:
+        self.core = core
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        if not isinstance(payload, JoinPayload):
+            return next_hop
+        core = self.core
+        joiner = payload.joiner
+        if next_hop.id == joiner.id:
+            return core.handle  # the joiner is already known here: answer in its place
+        if not payload.rejoin:
+            last = shared_prefix_len(core.id, joiner.id, core.config.b_bits)
+            rows = core.table.rows_upto(last)
+            if rows:
+                core.runtime.send(joiner, JoinRows(payload.nonce, rows))
+        return next_hop
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        if isinstance(payload, JoinPayload):
+            self.core.joiner.answer(payload)
+
+
+class _Ask:
+    __slots__ = ("attempt", "sent_at", "timer")
+
+    def __init__(self) -> None:
+        self.attempt = 0
+        self.sent_at = 0.0
+        self.timer: Timer | None = None
+
+
+class JoinProtocol:
+    """The joiner's state machine and the existing nodes' side of the join."""
+
+    def __init__(self, core: PastryCore) -> None:
+        self.core = core
+        self.app = _JoinApp(core)
+        self.state = JoinState.IDLE
+        self.seeds: list[Address] = []
+        self.attempt = 0
+        self.nonce = 0
+        self.started_at = -1.0
+        self.ready_at = -1.0
+        self._timer: Timer | None = None
+        self._on_done: Callable[[bool], None] | None = None
+        self._asked: dict[NodeHandle, _Ask] = {}
+        self._confirmed: set[NodeHandle] = set()
+        self._merging = False
+
+    # ------------------------------------------------------------------ joiner side
+    def start_join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None) -> None:
+        if self.state in (JoinState.JOINING, JoinState.PROBING):
+            raise OverlayError("a join is already in progress on this node")
+        if self.state is JoinState.READY:
+            raise OverlayError("this node has already joined")
+        self.seeds = list(seeds)
+        self._on_done = on_done
+        self.started_at = self.core.runtime.now()
+        if not self.seeds:
+            self._become_ready()  # the first node of a new ring
+            return
+        self.attempt = 0
+        self._send_request()
+
+    def _send_request(self) -> None:
+        core = self.core
+        rt = core.runtime
+        self.state = JoinState.JOINING
+        self._cancel_asks()
+        self.nonce = rt.rng.getrandbits(62)
+        addr = self.seeds[self.attempt % len(self.seeds)]
+        core.stats["join_requests"] += 1
+        rt.send_address(addr, JoinRequest(self.nonce))
+        self._arm(core.config.join_timeout_s * (2**self.attempt))
+
+    def _arm(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        nonce = self.nonce
+        self._timer = self.core.runtime.call_later(delay_s, lambda: self._on_timeout(nonce))
+
+    def _on_timeout(self, nonce: int) -> None:
+        if nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
+            return
+        if self.core.stopped:
+            return
+        self.attempt += 1
+        if self.attempt >= self.core.config.join_attempts:
+            self.state = JoinState.FAILED
+            self._cancel_asks()
+            log.debug("join of %s failed after %d attempts", self.core.id.short(), self.attempt)
+            self._finish(False)
+            return
+        self.core.stats["join_retries"] += 1
+        self._send_request()
+
+    def on_join_rows(self, src: NodeHandle, msg: JoinRows) -> None:
+        from .core import check_handles
+
+        entries = check_handles(msg.entries)
+        if msg.nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
+            return
+        for h in entries:
+            self.core.consider(h, probe=True)
+
+    def on_join_reply(self, src: NodeHandle, msg: JoinReply) -> None:
+        from .core import check_handles
+
+        leaves = check_handles(msg.leaves)
+        entries = check_handles(msg.entries)
+        core = self.core
+        if msg.nonce == self.nonce and self.state in (JoinState.JOINING, JoinState.PROBING):
+            if self.state is JoinState.JOINING:
+                self.state = JoinState.PROBING
+                self._arm(core.config.join_timeout_s * (2**self.attempt) * _PROBING_SLACK)
+            cands = [h for h in leaves if h.id != core.id]
+            cands.append(src)
+            for h in cands:
+                core.consider(h, probe=True)
+            for h in entries:
+                core.consider(h, probe=True)
+            for h in cands:
+                core.add_leaf(h)
+            self.on_leaf_changed()
+            return
+        if core.ready:  # a partition healer's probe came back: merge it as gossip
+            core.stats["rejoin_replies"] += 1
+            core.learn_alive(src)
+            core.offer_leaves((*leaves, src), skip_dead=False)
+
+    def _ask(self, m: NodeHandle) -> None:
+        ask = _Ask()
+        self._asked[m] = ask
+        self._send_ask(m, ask)
+
+    def _send_ask(self, m: NodeHandle, ask: _Ask) -> None:
+        rt = self.core.runtime
+        prox = self.core.prox
+        ask.sent_at = rt.now()
+        timeout = min(prox.config.max_rto_s, prox.rto(m) * (2**ask.attempt))
+        ask.timer = rt.call_later(timeout, lambda: self._ask_timeout(m, ask))
+        rt.send(m, LeafSetRequest(self.nonce, insert_me=True))
+
+    def _ask_timeout(self, m: NodeHandle, ask: _Ask) -> None:
+        if self._asked.get(m) is not ask or self.core.stopped:
+            return
+        if ask.attempt < self.core.config.join_probe_retries:
+            ask.attempt += 1
+            self._send_ask(m, ask)
+            return
+        del self._asked[m]
+        self.core.prox.declare_dead(m)  # → core._on_peer_dead → on_dead / on_leaf_changed
+
+    def on_leafset_reply(self, src: NodeHandle, nonce: int, leaves: tuple[NodeHandle, ...]) -> bool:
+        """A member answered our consistent-join request; False if this is not ours."""
+        if self.state is not JoinState.PROBING or nonce != self.nonce:
+            return False
+        core = self.core
+        ask = self._asked.pop(src, None)
+        if ask is not None:
+            if ask.timer is not None:
+                ask.timer.cancel()
+            if ask.attempt == 0:  # Karn's rule
+                core.prox.sample(src, core.runtime.now() - ask.sent_at)
+        self._confirmed.add(src)
+        prox = core.prox
+        self._merging = True
+        try:
+            core.add_leaf(src)
+            for c in leaves:
+                if c.id != core.id and c not in core.leaf.members and not prox.is_dead(c):
+                    core.add_leaf(c)
+                if c not in core.table.members:
+                    core.consider(c, probe=False)
+        finally:
+            self._merging = False
+        self.on_leaf_changed()
+        return True
+
+    def on_leaf_changed(self) -> None:
+        """Ask every new member; become ready once all of them confirmed."""
+        if self.state is not JoinState.PROBING:
+            return
+        members = self.core.leaf.members
+        for m in self.core.leaf.nodes():  # a tuple: deterministic order (sets hash per run)
+            if m not in self._asked and m not in self._confirmed:
+                self._ask(m)
+        if self._merging or not members:
+            return  # everyone we knew died: the join timer will retry
+        if members <= self._confirmed:
+            self._become_ready()
+
+    def on_dead(self, h: NodeHandle) -> None:
+        ask = self._asked.pop(h, None)
+        if ask is not None and ask.timer is not None:
+            ask.timer.cancel()
+        self._confirmed.discard(h)
+        self.on_leaf_changed()
+
+    def _become_ready(self) -> None:
+        core = self.core
+        self.state = JoinState.READY
+        core.ready = True
+        self.ready_at = core.runtime.now()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._cancel_asks()
+        self._confirmed.clear()
+        core.maint.on_ready()
+        self._finish(True)
+
+    def _finish(self, ok: bool) -> None:
+        cb, self._on_done = self._on_done, None
+        if cb is not None:
+            cb(ok)
+
+    def _cancel_asks(self) -> None:
+        for ask in self._asked.values():
+            if ask.timer is not None:
+                ask.timer.cancel()
+        self._asked.clear()
+        self._confirmed.clear()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._cancel_asks()
+
+    def mark_ready(self) -> None:
+        """Oracle build: the steady state was installed directly."""
+        self.state = JoinState.READY
+        self.core.ready = True
+        self.ready_at = self.core.runtime.now()
+
+    # ------------------------------------------------------------------ existing-node side
+    def on_join_request(self, src: NodeHandle, msg: JoinRequest) -> None:
+        core = self.core
+        if not core.ready:
+            core.stats["join_refused_not_ready"] += 1
+            return
+        if src.id == core.id:
+            return
+        payload = JoinPayload(src, msg.nonce, bool(msg.rejoin))
+        core.stats["join_routed"] += 1
+        core.route(src.id, JOIN_APP, payload)
+
+    def answer(self, payload: JoinPayload) -> None:
+        """We are the numerically closest node to the joiner's id: send it our state."""
+        core = self.core
+        joiner = payload.joiner
+        if joiner.id == core.id:
+            return
+        if payload.rejoin:
+            entries: tuple[NodeHandle, ...] = ()
+        else:
+            last = shared_prefix_len(core.id, joiner.id, core.config.b_bits)
+            entries = core.table.rows_upto(last)
+        core.runtime.send(joiner, JoinReply(payload.nonce, core.leaf.nodes(), entries))
+        if payload.rejoin:
+            core.offer_leaves((joiner,), skip_dead=False)

@@ -1,0 +1,531 @@
+"""Pastry maintenance: leaf-set liveness and repair, routing-table repair, partition healing.
+
+Theory of operation (DESIGN §2.2; Rowstron & Druschel 2001 §2.5 "node departure"; MSPastry,
+Castro et al. 2003 §3.2–3.3; FreePastry ``PeriodicLeafSetProtocol``, ``PartitionHandler``).
+The budget is MSPastry's: < 0.5 messages/s/node at steady state, so nothing here pings all L
+leaves periodically.
+
+* **Heartbeats.** Every ``heartbeat_interval_s`` (20 s) a node sends :class:`Heartbeat` — which
+  carries its leaf set — to its two immediate neighbours only (0.1 msg/s/node). Each node holds a
+  *lease* on its immediate neighbours: any message from them (heartbeats, route acks, pongs)
+  renews it. A lease older than ``neighbor_lease_s`` (30 s) starts a probe (RFC 6298 RTO
+  back-off, ``overlay.proximity``); if that probe's first ping goes unanswered, the failure may be
+  correlated, so every leaf-set member we have not heard from lately is probed too.
+* **Failure spreading.** A member that our own probes declare DEAD is removed and
+  :class:`LeafFailed` goes to the rest of the leaf set, which drops it at once (its immediate
+  neighbours hold leases on it, so a false report heals as soon as it speaks again).
+* **Gossip and consistency.** Heartbeat leaf sets are merged: a candidate that belongs in our
+  leaf set is probed and inserted on the pong ("probe new members on insertion"), then told
+  about us. A member that should appear in the sender's leaf set but does not is probed.
+* **Leaf-set repair.** A side that falls short of L/2 (and the sides do not overlap) asks its
+  extreme live member for its leaf set (R&D §2.5); candidates are merged as gossip.
+* **Routing table.** A dead entry R[r][c] is repaired lazily by asking a live node sharing >= r
+  digits for its R[r][c] (R&D §2.5). Every ``row_exchange_interval_s`` (900 s) each populated row
+  is refreshed from a random member of it; unmeasured candidates are probed (bounded) for PNS.
+* **Partition healing.** Every ``partition_check_interval_s`` (300 s) a node routes a rejoin for
+  its own id through a recently *gone* node (or, rarely, a bootstrap address). If the gone node
+  lives in another ring, the reply brings that ring's nodes near our id; leaf-set gossip does
+  the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from overlay.handle import NodeHandle
+from overlay.runtime import Timer
+
+from .messages import (
+    Handles,
+    Heartbeat,
+    JoinRequest,
+    LeafFailed,
+    LeafSetRequest,
+    RowReply,
+    RowRequest,
+    TableAnnounce,
+)
+
+if TYPE_CHECKING:
+    from .core import PastryCore
+
+log = logging.getLogger(__name__)
+
+_MIN_SLEEP_S = 0.5
+#: a neighbour's unchanged heartbeat is fully re-merged at least this often (see on_heartbeat)
+_HB_FULL_EVERY_S = 100.0
+
+
+class Maintenance:
+    """Timers and handlers of the periodic Pastry protocols, for one core."""
+
+    def __init__(self, core: PastryCore) -> None:
+        self.core = core
+        self.cfg = core.config
+        #: last time each immediate neighbour renewed its lease (any message from it)
+        self.heard: dict[NodeHandle, float] = {}
+        #: recently gone nodes (partition healing), insertion-ordered: handle -> time gone
+        self.gone: dict[NodeHandle, float] = {}
+        self._tick_timer: Timer | None = None
+        self._row_timer: Timer | None = None
+        self._part_timer: Timer | None = None
+        self._started = False
+        self._next_hb = 0.0
+        self._lease_probing: set[NodeHandle] = set()
+        #: per neighbour: (its last merged leaf set, ours at that time, when)
+        self._hb_seen: dict[NodeHandle, tuple[Handles, Handles, float]] = {}
+        self._last_verify = -math.inf
+        self._last_repair = [-math.inf, -math.inf]
+        self._repair_round = [0, 0]
+        self._repair_prev: list[tuple[NodeHandle, float] | None] = [None, None]
+
+    # ------------------------------------------------------------------ timers
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        rt = self.core.runtime
+        rng = rt.rng
+        cfg = self.cfg
+        first = rng.uniform(0.0, cfg.heartbeat_interval_s)
+        self._next_hb = rt.now() + first
+        self._tick_timer = rt.call_later(first, self._tick)
+        self._row_timer = rt.call_later(
+            rng.uniform(0.5, 1.5) * cfg.row_exchange_interval_s, self._row_exchange
+        )
+        self._part_timer = rt.call_later(
+            rng.uniform(0.5, 1.5) * cfg.partition_check_interval_s, self._partition_check
+        )
+
+    def stop(self) -> None:
+        for t in (self._tick_timer, self._row_timer, self._part_timer):
+            if t is not None:
+                t.cancel()
+        self._tick_timer = self._row_timer = self._part_timer = None
+
+    def _tick(self) -> None:
+        core = self.core
+        if core.stopped:
+            return
+        rt = core.runtime
+        now = rt.now()
+        cfg = self.cfg
+        wake = now + cfg.lease_check_interval_s
+        if core.ready:
+            if now >= self._next_hb - 1e-9:
+                self._send_heartbeats()
+                self._next_hb = now + cfg.heartbeat_interval_s
+            wake = min(wake, self._next_hb, self._check_leases(now))
+            self._maybe_repair(now)
+        self._tick_timer = rt.call_later(max(_MIN_SLEEP_S, wake - now), self._tick)
+
+    def on_ready(self) -> None:
+        """The join finished: tell routing-table entries about us (with the RTT we measured)."""
+        core = self.core
+        now = core.runtime.now()
+        for n in core.leaf.neighbors():
+            if n is not None:
+                self.heard[n] = now
+        prox = core.prox
+        for h in list(core.table.entries()):
+            rtt = prox.rtt(h)
+            core.runtime.send(h, TableAnnounce(rtt if rtt is not None else -1.0))
+        core.stats["table_announces"] += len(core.table)
+
+    # ------------------------------------------------------------------ heartbeats & leases
+    def _send_heartbeats(self) -> None:
+        core = self.core
+        ccw, cw = core.leaf.neighbors()
+        msg = Heartbeat(core.leaf.nodes(), self.recent_failures())
+        for n in (ccw, cw) if cw != ccw else (ccw,):
+            if n is not None:
+                core.runtime.send(n, msg)
+                core.stats["heartbeats_sent"] += 1
+
+    def push_to(self, h: NodeHandle) -> None:
+        """Tell a node we just put in our leaf set about us and our leaf set."""
+        core = self.core
+        core.stats["leaf_pushes"] += 1
+        core.runtime.send(h, Heartbeat(core.leaf.nodes(), self.recent_failures()))
+
+    def recent_failures(self) -> tuple[tuple[NodeHandle, float], ...]:
+        """(node, age) of nodes found dead within ``failed_spread_s`` (<= gone history)."""
+        if not self.gone:
+            return ()
+        now = self.core.runtime.now()
+        limit = self.cfg.failed_spread_s
+        return tuple((h, now - t) for h, t in self.gone.items() if now - t < limit)
+
+    def _last_heard(self, h: NodeHandle) -> float | None:
+        last = self.heard.get(h)
+        p = self.core.prox.peers.get(h)
+        if p is not None and p.last_heard >= 0 and (last is None or p.last_heard > last):
+            last = p.last_heard
+        return last
+
+    def _check_leases(self, now: float) -> float:
+        """Probe immediate neighbours whose lease expired; return the earliest next expiry."""
+        leaf = self.core.leaf
+        earliest = math.inf
+        if leaf.ccw:
+            earliest = self._check_lease(leaf.ccw[0], now)
+        if leaf.cw:
+            earliest = min(earliest, self._check_lease(leaf.cw[0], now))
+        return earliest
+
+    def _check_lease(self, n: NodeHandle, now: float) -> float:
+        if n in self._lease_probing:
+            return math.inf
+        last = self.heard.get(n)
+        p = self.core.prox.peers.get(n)
+        if p is not None and (last is None or p.last_heard > last):
+            last = p.last_heard if p.last_heard >= 0 else last
+        if last is None:
+            self.heard[n] = last = now
+        expiry = last + self.cfg.neighbor_lease_s
+        if expiry > now:
+            return expiry
+        core = self.core
+        self._lease_probing.add(n)
+        core.stats["lease_probes"] += 1
+        first_rto = core.prox.rto(n)
+        core.prox.probe(n, self._lease_cb(n))
+        core.runtime.call_later(first_rto * 1.01, partial(self._suspicion, n))
+        return math.inf
+
+    def _lease_cb(self, n: NodeHandle) -> Callable[[float | None], None]:
+        def done(rtt: float | None) -> None:
+            self._lease_probing.discard(n)
+            if rtt is not None:
+                self.heard[n] = self.core.runtime.now()
+
+        return done
+
+    def _suspicion(self, n: NodeHandle) -> None:
+        """The first ping to a silent neighbour went unanswered: verify the whole leaf set."""
+        if n in self._lease_probing and not self.core.stopped:
+            self._verify_leaves(self.core.runtime.now())
+
+    def _verify_leaves(self, now: float) -> None:
+        cfg = self.cfg
+        if now - self._last_verify < cfg.leaf_verify_after_s:
+            return
+        self._last_verify = now
+        core = self.core
+        for m in core.leaf.nodes():
+            last = self._last_heard(m)
+            if last is None or now - last > cfg.leaf_verify_after_s:
+                core.stats["leaf_verify_probes"] += 1
+                core.prox.probe(m)
+
+    def on_heartbeat(self, src: NodeHandle, msg: Heartbeat) -> None:
+        core = self.core
+        now = core.runtime.now()
+        leaf = core.leaf
+        if src in leaf.members:
+            self.heard[src] = now
+        # Fast path (most heartbeats): neither its leaf set nor ours changed since we last
+        # merged them, and no failure news — nothing to learn. Re-merged at least every
+        # ``_HB_FULL_EVERY_S`` so that time-dependent checks still run.
+        seen = self._hb_seen.get(src)
+        if (
+            not msg.failed
+            and seen is not None
+            and seen[1] is leaf.nodes()
+            and now - seen[2] < _HB_FULL_EVERY_S
+            and seen[0] == msg.leaves
+        ):
+            return
+        from .core import check_handles
+
+        leaves = check_handles(msg.leaves)
+        failed = _check_failed(msg.failed)
+        for f, ago in failed:
+            self._failure_report(src, f, now - ago, now)
+        core.learn_alive(src)
+        core.offer_leaves(leaves)
+        self._consistency(src, leaves, now)
+        if src in core.leaf.members:
+            self._hb_seen[src] = (leaves, core.leaf.nodes(), now)
+
+    def _consistency(self, src: NodeHandle, leaves: tuple[NodeHandle, ...], now: float) -> None:
+        """Probe members that ``src``'s (full) leaf set should list but does not (MSPastry)."""
+        core = self.core
+        half = core.leaf.half
+        if len(leaves) < 2 * half or src not in core.leaf.members:
+            return
+        ring = 1 << 160
+        sid = int(src.id)
+        ccw_far = (sid - int(leaves[half - 1].id)) % ring
+        cw_far = (int(leaves[-1].id) - sid) % ring
+        listed = set(leaves)
+        for m in core.leaf.nodes():
+            if m == src or m in listed:
+                continue
+            d = (int(m.id) - sid) % ring
+            if d < cw_far or ring - d < ccw_far:
+                last = self._last_heard(m)
+                if last is None or now - last > self.cfg.heartbeat_interval_s:
+                    core.stats["consistency_probes"] += 1
+                    core.prox.probe(m)
+
+    # ------------------------------------------------------------------ failures
+    def on_dead(
+        self,
+        h: NodeHandle,
+        was_leaf: bool,
+        slot: tuple[int, int] | None,
+        relayed: bool,
+    ) -> None:
+        core = self.core
+        now = core.runtime.now()
+        self.heard.pop(h, None)
+        self._lease_probing.discard(h)
+        self.gone.pop(h, None)
+        self.gone[h] = core.report_time if relayed else now
+        while len(self.gone) > self.cfg.gone_history_size:
+            del self.gone[next(iter(self.gone))]
+        if slot is not None:
+            self.repair_slot(*slot)
+        if not was_leaf:
+            return
+        if not relayed:
+            msg = LeafFailed(h, 0.0)
+            for m in core.leaf.nodes():
+                core.runtime.send(m, msg)
+            core.stats["leaf_failed_sent"] += len(core.leaf)
+            self._verify_leaves(now)
+        self._maybe_repair(now)
+
+    def on_alive(self, h: NodeHandle) -> None:
+        self.gone.pop(h, None)
+        self.core.dead_by_report.discard(h)
+
+    def on_leaf_failed(self, src: NodeHandle, msg: LeafFailed) -> None:
+        ((dead, ago),) = _check_failed(((msg.dead, msg.ago_s),))
+        now = self.core.runtime.now()
+        self._failure_report(src, dead, now - ago, now)
+
+    def _failure_report(
+        self, src: NodeHandle, dead: NodeHandle, found_at: float, now: float
+    ) -> None:
+        """``src`` says ``dead`` was found dead at ``found_at`` (our clock, give or take)."""
+        core = self.core
+        if dead == core.handle:
+            self.push_to(src)  # we are alive: say so
+            return
+        if dead == src or now - found_at > self.cfg.failed_spread_s:
+            return
+        last = self._last_heard(dead)
+        if last is not None and last >= found_at:
+            return  # it spoke after it was found dead: the report is stale
+        core.accept_failure_report(dead, found_at)
+
+    def _maybe_repair(self, now: float) -> None:
+        """Refill a short leaf-set side by asking its extreme live member (R&D §2.5)."""
+        core = self.core
+        leaf = core.leaf
+        if not core.ready:
+            return
+        if not leaf.members:
+            if len(core.table) and now - self._last_repair[0] >= self.cfg.lease_check_interval_s:
+                self._last_repair[0] = now
+                self._rejoin_via(core.runtime.rng.choice(list(core.table.entries())))
+            return
+        if leaf.covers_ring:
+            return
+        bad = core.prox.bad
+        for idx, side, other in ((0, leaf.ccw, leaf.cw), (1, leaf.cw, leaf.ccw)):
+            if len(side) >= leaf.half:
+                if self._repair_round[idx]:
+                    self._repair_done()
+                self._repair_round[idx] = 0
+                self._repair_prev[idx] = None
+                continue
+            if now - self._last_repair[idx] < self.cfg.lease_check_interval_s:
+                continue
+            nearest = self._nearest_known(clockwise=idx == 1, skip=set())
+            if nearest is not None:
+                core.offer_leaves((nearest,), skip_dead=True)
+            skip: set[NodeHandle] = set()
+            prev = self._repair_prev[idx]
+            if prev is not None:
+                last = self._last_heard(prev[0])
+                if last is None or last < prev[1]:  # it never answered: check it is alive
+                    skip.add(prev[0])
+                    core.prox.probe(prev[0])
+            rnd = self._repair_round[idx]
+            self._repair_round[idx] = rnd + 1
+            target = None
+            if rnd % 2 == 1 or not side:
+                # The extreme may be as lost as we are (a partition cut the ring next to us):
+                # every other round ask the nearest node our routing table knows that way.
+                target = self._nearest_known(clockwise=idx == 1, skip=skip)
+            if target is None:
+                target = next((h for h in reversed(side) if h not in bad and h not in skip), None)
+            if target is None:
+                target = next((h for h in other if h not in bad and h not in skip), None)
+            if target is None:
+                continue
+            self._last_repair[idx] = now
+            self._repair_prev[idx] = (target, now)
+            core.stats["leaf_repairs"] += 1
+            core.runtime.send(target, LeafSetRequest(0, insert_me=False))
+
+    def _repair_done(self) -> None:
+        """A repair episode ended: cross-check the leaf set against the routing table and
+        re-route a join for our own id, which reaches our true neighbours even when the
+        members we asked were as lost as we were (a partition cut the ring next to us)."""
+        core = self.core
+        self.table_leaf_check()
+        ents = [h for h in core.table.entries() if h not in core.prox.bad]
+        if ents:
+            self._rejoin_via(core.runtime.rng.choice(ents))
+
+    def table_leaf_check(self) -> None:
+        """Routing-table entries that belong in the leaf set but are not there are offered
+        (probed, then inserted). A no-op, without messages, when the state is consistent."""
+        core = self.core
+        leaf = core.leaf
+        core.offer_leaves(
+            [h for h in core.table.entries() if h not in leaf.members and leaf.fits(h.id)]
+        )
+
+    def _nearest_known(self, clockwise: bool, skip: set[NodeHandle]) -> NodeHandle | None:
+        """The live routing-table entry nearest to us in one direction, outside the leaf set."""
+        core = self.core
+        bad = core.prox.bad
+        members = core.leaf.members
+        oid = int(core.id)
+        ring = 1 << 160
+        best: NodeHandle | None = None
+        bd = ring
+        for h in core.table.entries():
+            if h in bad or h in skip or h in members:
+                continue
+            d = (int(h.id) - oid) % ring if clockwise else (oid - int(h.id)) % ring
+            if d < bd:
+                best, bd = h, d
+        return best
+
+    # ------------------------------------------------------------------ routing table
+    def repair_slot(self, row: int, col: int) -> None:
+        """Lazy repair: ask a live node sharing >= row digits for its R[row][col]."""
+        core = self.core
+        bad = core.prox.bad
+        table = core.table
+        cands = [h for r in range(row, table.nrows) for h in table.row(r) if h not in bad]
+        if not cands:
+            return
+        core.stats["slot_repairs"] += 1
+        core.runtime.send(core.runtime.rng.choice(cands), RowRequest(row, col))
+
+    def _row_exchange(self) -> None:
+        core = self.core
+        if core.stopped:
+            return
+        rt = core.runtime
+        cfg = self.cfg
+        self._row_timer = rt.call_later(
+            cfg.row_exchange_interval_s * rt.rng.uniform(0.9, 1.1), self._row_exchange
+        )
+        if not core.ready:
+            return
+        self.table_leaf_check()
+        bad = core.prox.bad
+        for r in core.table.populated_rows():
+            ents = [h for h in core.table.row(r) if h not in bad]
+            if ents:
+                core.stats["row_requests"] += 1
+                rt.send(rt.rng.choice(ents), RowRequest(r, -1))
+
+    def on_row_request(self, src: NodeHandle, msg: RowRequest) -> None:
+        core = self.core
+        table = core.table
+        row, col = msg.row, msg.col
+        if type(row) is not int or type(col) is not int:
+            raise ValueError("RowRequest fields must be ints")
+        if not (0 <= row < table.nrows and -1 <= col < table.cols):
+            raise ValueError(f"RowRequest out of range: {row}, {col}")
+        if col < 0:
+            entries = tuple(table.row(row))
+        else:
+            e = table.get(row, col)
+            entries = (e,) if e is not None else ()
+        core.runtime.send(src, RowReply(row, entries))
+        core.learn_alive(src)
+
+    def on_row_reply(self, src: NodeHandle, msg: RowReply) -> None:
+        from .core import check_handles
+
+        entries = check_handles(msg.entries)
+        core = self.core
+        budget = self.cfg.row_probe_limit
+        for h in entries:
+            if h.id == core.id:
+                continue
+            if core.consider(h, probe=budget > 0):
+                budget -= 1
+
+    def on_table_announce(self, src: NodeHandle, msg: TableAnnounce) -> None:
+        rtt = msg.rtt_s
+        if not isinstance(rtt, float | int) or isinstance(rtt, bool):
+            raise ValueError("TableAnnounce.rtt_s must be a number")
+        core = self.core
+        if 0.0 <= rtt < core.prox.config.max_rto_s:
+            core.prox.sample(src, float(rtt))  # RTT is symmetric: reuse the joiner's measure
+        core.learn_alive(src)
+
+    # ------------------------------------------------------------------ partitions
+    def _partition_check(self) -> None:
+        core = self.core
+        if core.stopped:
+            return
+        rt = core.runtime
+        cfg = self.cfg
+        self._part_timer = rt.call_later(cfg.partition_check_interval_s, self._partition_check)
+        now = rt.now()
+        core.prox.expire_dead()
+        members = core.leaf.members
+        for h in [h for h in self._hb_seen if h not in members]:
+            del self._hb_seen[h]
+        core.dead_by_report.intersection_update(core.prox.bad)
+        for h in [h for h, t in self.gone.items() if now - t > cfg.gone_history_age_s]:
+            del self.gone[h]
+        if not core.ready:
+            return
+        rng = rt.rng
+        use_bootstrap = rng.random() < cfg.bootstrap_check_rate
+        if self.gone and not use_bootstrap:
+            self._rejoin_via(rng.choice(list(self.gone)))
+        elif use_bootstrap and core.joiner.seeds:
+            core.stats["rejoins"] += 1
+            rt.send_address(
+                rng.choice(core.joiner.seeds), JoinRequest(rng.getrandbits(62), rejoin=True)
+            )
+
+    def _rejoin_via(self, h: NodeHandle) -> None:
+        core = self.core
+        core.stats["rejoins"] += 1
+        core.runtime.send(h, JoinRequest(core.runtime.rng.getrandbits(62), rejoin=True))
+
+
+def _check_failed(items: object) -> tuple[tuple[NodeHandle, float], ...]:
+    """Validate a (handle, age) list from the network (malformed → ValueError)."""
+    if not isinstance(items, tuple | list):
+        raise ValueError("failed set must be a tuple")
+    out = []
+    for it in items:
+        if not isinstance(it, tuple | list) or len(it) != 2:
+            raise ValueError("failed entry must be (handle, age)")
+        h, ago = it
+        if type(h) is not NodeHandle or isinstance(ago, bool) or not isinstance(ago, int | float):
+            raise ValueError("failed entry must be (handle, age)")
+        if not 0.0 <= ago < math.inf:
+            raise ValueError("failed age must be >= 0")
+        out.append((h, float(ago)))
+    return tuple(out)

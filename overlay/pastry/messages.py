@@ -1,0 +1,118 @@
+"""Pastry wire messages (tags 30–59, see ``overlay/messages.py``).
+
+Theory of operation: every message is a frozen, slotted attrs class. Handle lists travel as
+tuples of :class:`~overlay.handle.NodeHandle` (never the sender itself: the driver hands the
+receiver the sender's handle with every message). The join request's routed leg rides on the
+KBR :class:`~overlay.kbr.RouteMsg` with :class:`JoinPayload` as its payload, so it inherits the
+per-hop acks and reroutes of MSPastry (Castro et al. 2003 §3.2).
+
+=====  ================  ================================================================
+tag    message           role (paper section)
+=====  ================  ================================================================
+30     JoinRequest       joiner → seed (first contact) or healer → gone node (FreePastry
+                         PartitionHandler): "route a join for my id" (R&D 2001 §2.4)
+31     JoinPayload       payload of the routed join
+32     JoinRows          each hop on the join path → joiner: its rows 0..l (R&D §2.4)
+33     JoinReply         numerically closest node → joiner: its leaf set and rows
+34     LeafSetRequest    "send me your leaf set" (+ "insert me": consistent join, MSPastry
+                         §3.1; repair: ask the extreme live member, R&D §2.5)
+35     LeafSetReply      the leaf set
+36     Heartbeat         to each immediate neighbour every 20 s, carrying our leaf set
+                         and recent failures (FreePastry PeriodicLeafSetProtocol and
+                         ConsistentJoinProtocol's failed set; MSPastry §3.2)
+37     LeafFailed        "this member failed", spread to the leaf set on detection
+38     RowRequest        routing-table repair (one slot) / periodic row exchange (a row)
+39     RowReply          the requested entries (R&D §2.5; MSPastry §3.3)
+40     TableAnnounce     a newly ready node → its routing-table entries, with the RTT it
+                         measured (symmetric-RTT PNS seed, MSPastry §3.1)
+=====  ================  ================================================================
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from overlay.handle import NodeHandle
+from overlay.messages import Message, register
+
+Handles = tuple[NodeHandle, ...]
+
+
+@register(30)
+@attrs.frozen(slots=True)
+class JoinRequest(Message):
+    nonce: int
+    rejoin: bool = False
+
+
+@register(31)
+@attrs.frozen(slots=True)
+class JoinPayload(Message):
+    joiner: NodeHandle
+    nonce: int
+    rejoin: bool = False
+
+
+@register(32)
+@attrs.frozen(slots=True)
+class JoinRows(Message):
+    nonce: int
+    entries: Handles
+
+
+@register(33)
+@attrs.frozen(slots=True)
+class JoinReply(Message):
+    nonce: int
+    leaves: Handles
+    entries: Handles
+
+
+@register(34)
+@attrs.frozen(slots=True)
+class LeafSetRequest(Message):
+    nonce: int
+    insert_me: bool = False
+
+
+@register(35)
+@attrs.frozen(slots=True)
+class LeafSetReply(Message):
+    nonce: int
+    leaves: Handles
+
+
+@register(36)
+@attrs.frozen(slots=True)
+class Heartbeat(Message):
+    leaves: Handles
+    #: recently found dead, as (node, seconds since it was found dead) — FreePastry CJP's
+    #: "failed set". The age lets a receiver that heard from the node since ignore the report.
+    failed: tuple[tuple[NodeHandle, float], ...] = ()
+
+
+@register(37)
+@attrs.frozen(slots=True)
+class LeafFailed(Message):
+    dead: NodeHandle
+    ago_s: float = 0.0  # how long ago it was found dead
+
+
+@register(38)
+@attrs.frozen(slots=True)
+class RowRequest(Message):
+    row: int
+    col: int  # -1 = the whole row
+
+
+@register(39)
+@attrs.frozen(slots=True)
+class RowReply(Message):
+    row: int
+    entries: Handles
+
+
+@register(40)
+@attrs.frozen(slots=True)
+class TableAnnounce(Message):
+    rtt_s: float  # measured by the sender; < 0 when unknown

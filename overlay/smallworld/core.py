@@ -1,0 +1,508 @@
+"""SmallWorldCore: the Brunet/Symphony small-world ring behind the common KBR API.
+
+Theory of operation (DESIGN §2.3; PonD §2.2; Kleinberg 2000; Symphony, Manku et al. 2003;
+Brunet's StructuredNode with its near and shortcut connection overlords):
+
+* **State.** A :class:`~overlay.smallworld.connections.ConnectionTable`: ``near_per_side`` near
+  connections on each side of the ring plus ``ceil(0.5·log2 N̂)`` own shortcuts (and whatever
+  shortcuts other nodes made to us — connections are bidirectional, as Brunet edges are).
+  N̂ is estimated from the spread of the near connections (``estimate.py``).
+* **Routing** is greedy and recursive: forward to the connection strictly closest to the key
+  (ring distance, ties to the smaller id — :func:`overlay.ids.closer`), deliver when no live
+  connection is closer than this node. The shared :class:`~overlay.kbr.KbrCore` engine acks
+  every hop, retransmits, suspects a silent next hop and reroutes through the next-best
+  connection, so a dead link is routed around, never silently dropped. Each node enforces the
+  TTL (ln N̂)^3 on the ``hops`` count of every routed message it receives.
+* **Linking** (``messages.py``): connect requests are KBR-routed payloads of the internal
+  application :data:`~overlay.smallworld.messages.LINK_APP`; they go to the node closest to a
+  target *other than the requester*. A join routes one to the joiner's own id (``join.py``);
+  a shortcut routes one to a Kleinberg-drawn target; near repair walks neighbour-of-neighbour
+  queries and falls back to routing one to its own id (``maintenance.py``).
+* **Maintenance** (``maintenance.py``) runs on one timer per node: trim surplus connections,
+  repair near connections, top up / trim shortcuts, ping idle connections every 15 s.
+  Failures come from the proximity failure detector (ALIVE → SUSPECTED → DEAD) through
+  :meth:`_on_peer_dead`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from overlay.handle import Address, NodeHandle
+from overlay.ids import HALF_RING, RING, NodeId
+from overlay.kbr import KbrCore, RouteAck, RouteMsg
+from overlay.runtime import Runtime, Timer
+from overlay.smallworld import join as _join
+from overlay.smallworld import maintenance as _mnt
+from overlay.smallworld.config import SmallWorldConfig
+from overlay.smallworld.connections import ConnectionTable
+from overlay.smallworld.estimate import desired_shortcuts, ttl_hops
+from overlay.smallworld.messages import (
+    JOIN,
+    KINDS,
+    LINK_APP,
+    NEAR,
+    SHORTCUT,
+    SIDES,
+    ConnectReply,
+    ConnectRequest,
+    JoinRequest,
+    Link,
+    LinkAck,
+    NearQuery,
+    NearReply,
+    Unlink,
+)
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_CONFIG = SmallWorldConfig()
+_NO_SEEDS: tuple[Address, ...] = ()
+
+
+class MalformedInput(ValueError):
+    """Raised inside a handler on hostile/broken input; the KBR base drops and counts it."""
+
+
+def check_handle(h: object) -> NodeHandle:
+    if not isinstance(h, NodeHandle) or not isinstance(h.id, NodeId):
+        raise MalformedInput(f"not a NodeHandle: {type(h).__name__}")
+    return h
+
+
+def check_int(x: object) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise MalformedInput(f"not an int: {type(x).__name__}")
+    return x
+
+
+class _LinkApp:
+    """The internal KBR application that carries :class:`ConnectRequest` payloads."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, core: SmallWorldCore) -> None:
+        self.core = core
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        self.core._on_connect_request(payload)
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        if not isinstance(payload, ConnectRequest):
+            return None  # junk under our app name: stop it here (counted by the base)
+        origin = payload.origin
+        if next_hop.id != origin.id:
+            return next_hop
+        # Never hand a connect request back to its requester: the node we want is the one
+        # closest to the target *other than* the requester.
+        alt = self.core.next_hop(key, {origin})
+        return alt if alt is not None else self.core.handle
+
+    def update(self, handle: NodeHandle, joined: bool) -> None:
+        return None
+
+
+class SmallWorldCore(KbrCore):
+    """Sans-io small-world ring node (Brunet/Symphony) implementing the KBR API."""
+
+    overlay_name = "smallworld"
+    _sw_handlers_installed: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        handle: NodeHandle,
+        config: SmallWorldConfig | None = None,
+    ) -> None:
+        cfg = config if config is not None else _DEFAULT_CONFIG
+        super().__init__(runtime, handle, cfg.kbr, cfg.proximity)
+        self.config = cfg
+        self.table = ConnectionTable(handle.id, cfg.near_per_side)
+        self._timer: Timer | None = None
+        self._join: _join.JoinState | None = None
+        self._seeds = _NO_SEEDS
+        self._sc_pending = 0
+        self._sc_deadline = 0.0
+        self._started_at = runtime.now()
+        self._next_stabilize = 0.0
+        self._token = 0
+        if not type(self).__dict__.get("_sw_handlers_installed", False):
+            self._install_handlers()
+
+    def _install_handlers(self) -> None:
+        """Register our receive handlers (KbrCore keeps them per class, not per node)."""
+        # RouteMsg is re-registered so that our TTL check runs before the routing engine.
+        self.add_handler(RouteMsg, self._on_route)
+        self.add_handler(JoinRequest, self._on_join_request)
+        self.add_handler(ConnectReply, self._on_connect_reply)
+        self.add_handler(Link, self._on_link)
+        self.add_handler(LinkAck, self._on_link_ack)
+        self.add_handler(Unlink, self._on_unlink)
+        self.add_handler(NearQuery, self._on_near_query)
+        self.add_handler(NearReply, self._on_near_reply)
+        type(self)._sw_handlers_installed = True
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Arm the maintenance tick (desynchronised: first tick at a random phase)."""
+        if self.stopped or self._timer is not None or not self.config.maintenance_enabled:
+            return
+        now = self._started_at = self.runtime.now()
+        rng = self.runtime.rng
+        self._next_stabilize = now + self.config.stabilize_interval_s * rng.random()
+        first = self.config.maintenance_interval_s * (0.5 + rng.random())
+        self._timer = self.runtime.call_later(first, self._tick)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._join is not None:
+            _join.cancel(self)
+
+    def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
+        """Join through ``seeds``; an empty list starts a new ring (ready at once)."""
+        _join.begin(self, seeds, on_done)
+
+    def mark_built(self) -> None:
+        """The oracle installed our table: we are a joined, ready node (nothing was sent)."""
+        self.ready = True
+        self._started_at = self.runtime.now()
+        if self._join is not None:
+            _join.cancel(self)
+
+    def _tick(self) -> None:
+        if self.stopped:
+            return
+        self._timer = self.runtime.call_later(self.config.maintenance_interval_s, self._tick)
+        _mnt.tick(self)
+
+    # ------------------------------------------------------------------ size, ttl, shortcuts
+    @property
+    def n_hat(self) -> float:
+        """Current network-size estimate N̂."""
+        return self.table.n_hat
+
+    def ttl(self) -> int:
+        return ttl_hops(self.table.n_hat, self.config)
+
+    def desired_shortcuts(self) -> int:
+        return desired_shortcuts(self.table.n_hat, self.config)
+
+    def next_token(self) -> int:
+        self._token = (self._token + 1) & 0x7FFFFFFF
+        return self._token
+
+    # ------------------------------------------------------------------ KBR API
+    def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        return self.table.next_hop(key, self.prox.bad, exclude)
+
+    def _live(self) -> list[NodeHandle]:
+        bad = self.prox.bad
+        if not bad:
+            return list(self.table.all)
+        return [h for h in self.table.all if h not in bad]
+
+    def local_lookup(self, key: NodeId, n: int) -> list[NodeHandle]:
+        """Up to ``n`` live connections strictly closer to ``key`` than this node, best first."""
+        mine = _rd(self.id, key)
+        cands = [
+            h
+            for h in self._live()
+            if (d := _rd(h.id, key)) < mine or (d == mine and h.id < self.id)
+        ]
+        return heapq.nsmallest(n, cands, key=lambda h: (_rd(h.id, key), h.id))
+
+    def neighbor_set(self, n: int) -> list[NodeHandle]:
+        """Up to ``n`` ring neighbours: the live near window, closest first (the small-world
+        counterpart of the Pastry leaf set; shortcuts are not neighbours)."""
+        me = self.id
+        bad = self.prox.bad
+        near = [h for h in self.table.near_nodes() if h not in bad]
+        near.sort(key=lambda h: (_rd(h.id, me), h.id))
+        return near[:n]
+
+    def replica_set(self, key: NodeId, k: int) -> list[NodeHandle]:
+        """Up to ``k`` known nodes (self included) numerically closest to ``key``."""
+        cands = [*self._live(), self.handle]
+        return heapq.nsmallest(k, cands, key=lambda h: (_rd(h.id, key), h.id))
+
+    def known_in_range(self, begin: NodeId, end: NodeId) -> list[NodeHandle]:
+        """Live connections in [begin, end), clockwise from this node (self excluded)."""
+        return self.table.in_range(begin, end, self.prox.bad)
+
+    def known_nodes(self) -> list[NodeHandle]:
+        return list(self.table.all)
+
+    def near_connections(self) -> list[NodeHandle]:
+        """The near window (right side closest first, then left side)."""
+        return list(self.table.near_nodes())
+
+    def shortcuts(self) -> list[NodeHandle]:
+        """Own shortcuts outside the near window (the ones that count towards the target)."""
+        return self.table.effective_out()
+
+    # ------------------------------------------------------------------ routing hooks
+    def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
+        if msg.app == LINK_APP:
+            self.ensure_link_app()
+        if msg.hops > ttl_hops(self.table.n_hat, self.config):
+            self.stats["ttl_expired"] += 1
+            if self.kbr_config.hop_acks and src != self.handle:
+                self.runtime.send(src, RouteAck(msg.msg_id))
+            return
+        super()._on_route(src, msg)
+
+    def _learn(self, h: NodeHandle) -> None:
+        """A node that routed through us: link it if it belongs in our near window."""
+        if h.id == self.id or not self.table.fits_near(h.id) or h in self.table:
+            return
+        if h in self.prox.bad:
+            return
+        self.link(h, NEAR)
+
+    def _on_peer_dead(self, h: NodeHandle) -> None:
+        t = self.table
+        if h not in t:
+            return
+        was_near = t.is_near(h)
+        was_out = h in t.out
+        before = self._near_snapshot()
+        t.remove(h)
+        self.stats["connections_lost"] += 1
+        self._near_changed(before)
+        if was_near:
+            _mnt.repair_near(self)
+        if was_out and self.ready:
+            _mnt.check_shortcuts(self)
+
+    def _on_peer_alive(self, h: NodeHandle) -> None:
+        """A peer we had given up on spoke again: take it back if it is a near neighbour."""
+        if h not in self.table and self.table.fits_near(h.id):
+            self.link(h, NEAR)
+
+    # ------------------------------------------------------------------ connection changes
+    def ensure_link_app(self) -> None:
+        if LINK_APP not in self.apps:
+            self.apps[LINK_APP] = _LinkApp(self)
+
+    def _has_user_apps(self) -> bool:
+        apps = self.apps
+        return bool(apps) and not (len(apps) == 1 and LINK_APP in apps)
+
+    def _near_snapshot(self) -> tuple[NodeHandle, ...] | None:
+        return self.table.near_nodes() if self._has_user_apps() else None
+
+    def _near_changed(self, before: tuple[NodeHandle, ...] | None) -> None:
+        """Send KBR ``update`` upcalls for near-window changes since ``before``."""
+        if before is None:
+            return
+        after = self.table.near_nodes()
+        for h in before:
+            if h not in after:
+                self.notify_update(h, False)
+        for h in after:
+            if h not in before:
+                self.notify_update(h, True)
+
+    def link(self, h: NodeHandle, kind: int, token: int = 0) -> bool:
+        """Add ``h`` as a connection, tell it (Link), trim what it pushed out. False if known."""
+        if h.id == self.id or h in self.table:
+            return False
+        before = self._near_snapshot()
+        self.table.add(h)
+        self.runtime.send(h, Link(kind, token))
+        self.stats["links_made"] += 1
+        self.trim_near()
+        self._near_changed(before)
+        return True
+
+    def trim_near(self) -> None:
+        """Drop surplus connections (outside the near window, no shortcut role)."""
+        for h in self.table.surplus():
+            self.drop(h, NEAR)
+
+    def drop(self, h: NodeHandle, kind: int) -> None:
+        """Remove ``h`` from the table, tell it (Unlink), forget its liveness state."""
+        if self.table.remove(h):
+            self.runtime.send(h, Unlink(kind))
+            self.stats["links_trimmed"] += 1
+            self.prox.forget(h)
+
+    def consider_near(self, cands: Sequence[NodeHandle], token: int = 0) -> list[NodeHandle]:
+        """Link every candidate that belongs in the near window; return those linked."""
+        me = self.id
+        bad = self.prox.bad
+        t = self.table
+        added: list[NodeHandle] = []
+        for h in sorted(cands, key=lambda c: (_rd(c.id, me), c.id)):
+            if h.id == me or h in bad or h in t or self.prox.is_dead(h):
+                continue
+            if t.fits_near(h.id) and self.link(h, NEAR, token):
+                added.append(h)
+        return [h for h in added if h in t]
+
+    def closest_known(
+        self, target: int, k: int, exclude_id: int, with_self: bool = True
+    ) -> tuple[NodeHandle, ...]:
+        """Up to ``k`` live known nodes closest to ``target``, minus the node ``exclude_id``."""
+        cands = [h for h in self._live() if h.id != exclude_id]
+        if with_self and self.id != exclude_id:
+            cands.append(self.handle)
+        return tuple(heapq.nsmallest(k, cands, key=lambda h: (_rd(h.id, target), h.id)))
+
+    def send_connect(
+        self,
+        target: int,
+        kind: int,
+        token: int,
+        origin: NodeHandle | None = None,
+        hint: NodeHandle | None = None,
+    ) -> None:
+        """Route a ConnectRequest for ``origin`` (default: us) to the node closest to target."""
+        self.ensure_link_app()
+        o = origin if origin is not None else self.handle
+        key = NodeId(target)
+        self.stats["connect_requests"] += 1
+        self.route(key, LINK_APP, ConnectRequest(o, key, kind, token), hint)
+
+    # ------------------------------------------------------------------ handlers
+    def _on_connect_request(self, p: object) -> None:
+        """We are the node closest to ``p.target`` other than its origin."""
+        if not isinstance(p, ConnectRequest):
+            raise MalformedInput("connect payload is not a ConnectRequest")
+        origin = check_handle(p.origin)
+        if p.kind not in KINDS:
+            raise MalformedInput(f"unknown connect kind {p.kind!r}")
+        check_int(p.target)
+        token = check_int(p.token)
+        if origin.id == self.id:
+            # Routed straight back to us: no other node is closer to the target.
+            if p.kind == SHORTCUT:
+                self.stats["shortcut_attempt_wasted"] += 1
+                self._sc_pending = max(0, self._sc_pending - 1)
+            return
+        if p.kind == SHORTCUT:
+            before = self._near_snapshot()
+            self.table.add_in(origin)
+            self.trim_near()
+            self._near_changed(before)
+            nodes: tuple[NodeHandle, ...] = ()
+        else:
+            k = 2 * self.config.near_per_side + 2
+            nodes = self.closest_known(p.target, k, origin.id, with_self=False)
+        self.runtime.send(origin, ConnectReply(self.handle, p.kind, token, nodes))
+
+    def _check_reply_nodes(self, nodes: object) -> tuple[NodeHandle, ...]:
+        if not isinstance(nodes, tuple) or len(nodes) > self.config.max_reply_nodes:
+            raise MalformedInput("reply node list is not a short tuple")
+        for h in nodes:
+            check_handle(h)
+        return nodes
+
+    def _on_connect_reply(self, src: NodeHandle, m: ConnectReply) -> None:
+        r = check_handle(m.responder)
+        nodes = self._check_reply_nodes(m.nodes)
+        token = check_int(m.token)
+        if m.kind == SHORTCUT:
+            self._on_shortcut_reply(r)
+        elif m.kind == JOIN:
+            _join.on_reply(self, r, nodes, token)
+        elif m.kind == NEAR:
+            self.stats["near_repairs_routed"] += 1
+            self.consider_near((r, *nodes))
+        else:
+            raise MalformedInput(f"unknown connect kind {m.kind!r}")
+
+    def _on_shortcut_reply(self, r: NodeHandle) -> None:
+        self._sc_pending = max(0, self._sc_pending - 1)
+        t = self.table
+        if r.id == self.id or r in t.out:
+            return
+        if r in t and t.is_near(r):
+            # Landed inside our near window: not a shortcut (Brunet does not count it).
+            self.runtime.send(r, Unlink(SHORTCUT))
+            self.stats["shortcut_attempt_wasted"] += 1
+            return
+        if r not in t and t.fits_near(r.id):
+            # A near neighbour we did not know: keep it as near, decline the shortcut role.
+            self.link(r, NEAR)
+            self.runtime.send(r, Unlink(SHORTCUT))
+            self.stats["shortcut_attempt_wasted"] += 1
+            return
+        before = self._near_snapshot()
+        t.add_out(r)
+        self.stats["shortcuts_made"] += 1
+        self._near_changed(before)
+
+    def _on_join_request(self, src: NodeHandle, m: JoinRequest) -> None:
+        origin = check_handle(m.origin)
+        token = check_int(m.token)
+        if origin.id != src.id or origin.id == self.id:
+            raise MalformedInput("join request origin does not match its sender")
+        if not self.ready:
+            self.stats["join_request_not_ready"] += 1
+            return
+        self.stats["join_requests"] += 1
+        self.send_connect(origin.id, JOIN, token, origin=origin)
+
+    def _on_link(self, src: NodeHandle, m: Link) -> None:
+        token = check_int(m.token)
+        if m.kind not in KINDS:
+            raise MalformedInput(f"unknown link kind {m.kind!r}")
+        if src.id == self.id:
+            raise MalformedInput("link from our own id")
+        t = self.table
+        if src not in t:
+            before = self._near_snapshot()
+            t.add(src)
+            self.stats["links_accepted"] += 1
+            self.trim_near()
+            self._near_changed(before)
+        self.runtime.send(src, LinkAck(token))
+
+    def _on_link_ack(self, src: NodeHandle, m: LinkAck) -> None:
+        token = check_int(m.token)
+        if self._join is not None:
+            _join.on_link_ack(self, src, token)
+
+    def _on_unlink(self, src: NodeHandle, m: Unlink) -> None:
+        if m.kind not in KINDS:
+            raise MalformedInput(f"unknown unlink kind {m.kind!r}")
+        t = self.table
+        if src not in t:
+            return
+        before = self._near_snapshot()
+        t.discard_in(src)
+        if not t.needed(src):
+            t.remove(src)
+            self.prox.forget(src)
+        self._near_changed(before)
+
+    def _on_near_query(self, src: NodeHandle, m: NearQuery) -> None:
+        origin = check_handle(m.origin)
+        hops = check_int(m.hops)
+        if m.side not in SIDES:
+            raise MalformedInput(f"unknown side {m.side!r}")
+        if origin.id == self.id:
+            raise MalformedInput("near query for our own id came back to us")
+        if hops > ttl_hops(self.table.n_hat, self.config):
+            self.stats["ttl_expired"] += 1
+            return
+        _mnt.near_step(self, origin, m.side, hops)
+
+    def _on_near_reply(self, src: NodeHandle, m: NearReply) -> None:
+        check_int(m.hop)
+        nodes = self._check_reply_nodes(m.nodes)
+        self.stats["near_replies"] += 1
+        self.consider_near((src, *nodes))
+
+
+def _rd(a: int, b: int) -> int:
+    """Ring distance (the shorter way round), inlined for speed."""
+    d = (a - b) % RING
+    return d if d <= HALF_RING else RING - d

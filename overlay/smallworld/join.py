@@ -1,0 +1,173 @@
+"""Joining the small-world ring: a small state machine per joining node.
+
+Theory of operation (DESIGN §2.3; PonD §2.2; Brunet's leaf → structured connection bootstrap):
+
+::
+
+    IDLE --join(seeds)--> ASKING --ConnectReply(JOIN)--> LINKING --all LinkAcks / timeout--> READY
+                           |  ^                                                    (on_done(True))
+                           +--+ timeout: next seed, timeout doubles
+                           |
+                           +--retries exhausted--> FAILED (on_done(False))
+
+* The joiner knows seeds only by address, so it sends :class:`JoinRequest` to one of them with
+  ``send_address``. The seed routes a :class:`ConnectRequest` of kind JOIN to the joiner's own
+  id through the KBR engine (per-hop acks, reroutes). It is delivered at the node closest to
+  the joiner's id other than the joiner, which replies with itself and the nodes it knows
+  closest to that id: the joiner's future near neighbours on both sides.
+* The joiner links to every candidate that fits its near window (``Link``; the far end adds
+  the joiner and trims whoever the joiner pushed out of its own window) and becomes ready once
+  they all acknowledged, or after ``join_link_timeout_s`` (silent candidates are suspected and
+  probed; maintenance replaces them). Shortcuts are created right after, as in Brunet where the
+  shortcut overlord starts once the node is connected.
+* An empty seed list starts a new ring: ready at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from overlay.errors import OverlayError
+from overlay.handle import Address, NodeHandle
+from overlay.runtime import Timer
+from overlay.smallworld.messages import JoinRequest
+
+if TYPE_CHECKING:
+    from overlay.smallworld.core import SmallWorldCore
+
+log = logging.getLogger(__name__)
+
+
+class JoinState:
+    """Progress of one join (allocated only while joining)."""
+
+    __slots__ = ("attempt", "linking", "on_done", "pending", "seeds", "timer", "token")
+
+    def __init__(self, seeds: tuple[Address, ...], on_done: Callable[[bool], None] | None) -> None:
+        self.seeds = seeds
+        self.on_done = on_done
+        self.attempt = 0
+        self.token = 0
+        self.linking = False
+        self.pending: set[NodeHandle] = set()
+        self.timer: Timer | None = None
+
+
+def begin(
+    core: SmallWorldCore, seeds: Sequence[Address], on_done: Callable[[bool], None] | None
+) -> None:
+    if core._join is not None or core.ready:
+        raise OverlayError("join() called on a node that is already joining or joined")
+    if core.stopped:
+        raise OverlayError("join() called on a stopped node")
+    seeds_t = tuple(seeds)
+    core._seeds = seeds_t
+    if not seeds_t:
+        core.ready = True
+        core.stats["joined"] += 1
+        if on_done is not None:
+            on_done(True)
+        return
+    core._join = JoinState(seeds_t, on_done)
+    _attempt(core)
+
+
+def rejoin(core: SmallWorldCore) -> None:
+    """An isolated node (every connection failed) asks its seeds again, without a callback."""
+    if core._join is not None or not core._seeds or core.stopped:
+        return
+    core.stats["rejoins"] += 1
+    core._join = JoinState(core._seeds, None)
+    _attempt(core)
+
+
+def _attempt(core: SmallWorldCore) -> None:
+    st = core._join
+    assert st is not None
+    st.token = core.next_token()
+    seed = st.seeds[st.attempt % len(st.seeds)]
+    core.runtime.send_address(seed, JoinRequest(core.handle, st.token))
+    token = st.token
+    delay = core.config.join_timeout_s * (2**st.attempt)
+    st.timer = core.runtime.call_later(delay, lambda: _timeout(core, token))
+
+
+def _timeout(core: SmallWorldCore, token: int) -> None:
+    st = core._join
+    if st is None or st.token != token or st.linking or core.stopped:
+        return
+    st.attempt += 1
+    if st.attempt > core.config.join_retries:
+        log.debug("join of %s failed after %d attempts", core.id.short(), st.attempt)
+        _finish(core, False)
+        return
+    core.stats["join_retries"] += 1
+    _attempt(core)
+
+
+def on_reply(
+    core: SmallWorldCore, responder: NodeHandle, nodes: tuple[NodeHandle, ...], token: int
+) -> None:
+    """The routed JOIN request reached the node closest to our id."""
+    st = core._join
+    if st is None or st.linking or token != st.token:
+        core.consider_near((responder, *nodes))  # late or duplicate: still useful news
+        return
+    if st.timer is not None:
+        st.timer.cancel()
+    st.linking = True
+    added = core.consider_near((responder, *nodes), token)
+    st.pending = set(added)
+    if not st.pending:
+        _finish(core, True)
+        return
+    st.timer = core.runtime.call_later(
+        core.config.join_link_timeout_s, lambda: _link_timeout(core, token)
+    )
+
+
+def on_link_ack(core: SmallWorldCore, src: NodeHandle, token: int) -> None:
+    st = core._join
+    if st is None or not st.linking or token != st.token:
+        return
+    st.pending.discard(src)
+    if not st.pending:
+        _finish(core, True)
+
+
+def _link_timeout(core: SmallWorldCore, token: int) -> None:
+    st = core._join
+    if st is None or st.token != token or core.stopped:
+        return
+    for h in st.pending:
+        core.prox.suspect(h)
+    _finish(core, True)
+
+
+def _finish(core: SmallWorldCore, ok: bool) -> None:
+    from overlay.smallworld import maintenance
+
+    st = core._join
+    core._join = None
+    if st is None:
+        return
+    if st.timer is not None:
+        st.timer.cancel()
+    if ok:
+        was_ready = core.ready
+        core.ready = True
+        core.stats["joined"] += 1
+        maintenance.check_shortcuts(core)
+        if was_ready:
+            return
+    if st.on_done is not None:
+        st.on_done(ok)
+
+
+def cancel(core: SmallWorldCore) -> None:
+    st = core._join
+    core._join = None
+    if st is not None and st.timer is not None:
+        st.timer.cancel()

@@ -1,0 +1,342 @@
+"""``flockring bench live``: a live swarm on loopback UDP in one process, beside bmuller's kademlia.
+
+Theory of operation (DESIGN §4, issue 3 "Measure and report"): each configuration runs in a
+fresh worker process (``python -m sim_adapter.bench_live --worker``) so that RSS baselines are
+clean. A worker binds N UDP sockets on 127.0.0.1 (port 0), starts N :class:`overlay.Node`
+objects in one trio loop and joins them one at a time, each through up to three random earlier
+nodes — the shape of ``../shared/peers/bench_kademlia.py``, whose own measurement of
+kademlia 2.2.3 (asyncio, one ``Server`` per socket, sequential bootstrap from up to 3 earlier
+nodes) is run beside ours. Then M lookups run one at a time from random nodes for random keys;
+each is checked against the brute-force oracle (the numerically closest id) and the datagrams
+sent by all nodes while it ran are counted (kademlia's script counts the same way, so periodic
+maintenance traffic during a lookup is included on both sides).
+
+Our overlay runs twice: with signatures off (kademlia authenticates nothing, so that is the
+like-for-like comparison) and with Ed25519 signatures on (the default). kademlia is installed
+into a throwaway venv (default ``/tmp/flockring-kademlia-venv``), never into the project's; if
+it cannot be installed or its script is absent, the JSON says so and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sim_adapter import bench
+
+KADEMLIA_VERSION = "2.2.3"
+DEFAULT_KADEMLIA_VENV = "/tmp/flockring-kademlia-venv"
+TARGET_RSS_KIB = 28.0
+
+
+def _kademlia_script() -> Path | None:
+    env = os.environ.get("FLOCKRING_KADEMLIA_BENCH")
+    cands = [Path(env)] if env else []
+    root = Path(__file__).resolve().parents[1]
+    cands += [root.parent / "shared" / "peers" / "bench_kademlia.py"]
+    for c in cands:
+        if c.is_file():
+            return c
+    return None
+
+
+def _rss_kib() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return int(bench.peak_rss_mib() * 1024)
+
+
+# --------------------------------------------------------------------------- our worker
+async def _worker(n: int, lookups: int, seed: int, signing: bool, boot: int) -> dict[str, Any]:
+    import gc
+    from contextlib import AsyncExitStack
+
+    import trio
+
+    from overlay.identity import Identity
+    from overlay.ids import NodeId, closer
+    from overlay.node import Node
+    from transports.udp import open_udp
+
+    rng = random.Random(seed)
+    identities = [Identity.from_rng(rng) for _ in range(n)]
+    gc.collect()
+    rss0 = _rss_kib()
+    nodes: list[Node] = []
+
+    def sent_total() -> int:
+        return sum(x.transport.stats["sent"] for x in nodes)
+
+    async with AsyncExitStack() as stack:
+        nursery = await stack.enter_async_context(trio.open_nursery())
+
+        async def host(i: int, task_status: trio.TaskStatus[Node]) -> None:
+            async with open_udp("udp://127.0.0.1:0", rcvbuf_bytes=1 << 20) as t:
+                node = Node(t, "pastry", identities[i], seed=rng.getrandbits(64), signing=signing)
+                async with node:
+                    task_status.started(node)
+                    await node.closed_event.wait()
+
+        t0 = time.perf_counter()
+        join_fail = 0
+        for i in range(n):
+            node = await nursery.start(host, i)
+            seeds = [x.address for x in rng.sample(nodes, min(boot, len(nodes)))]
+            try:
+                await node.join(seeds, timeout_s=30)
+            except Exception:
+                join_fail += 1
+            nodes.append(node)
+        t_boot = time.perf_counter() - t0
+        boot_dgrams = sent_total()
+        await trio.sleep(0.5)
+        gc.collect()
+        rss_boot = _rss_kib()
+        idle0, t_idle = sent_total(), time.perf_counter()
+        await trio.sleep(1.0)
+        idle_rate = (sent_total() - idle0) / (time.perf_counter() - t_idle)
+
+        ids = [x.id for x in nodes]
+        lat: list[float] = []
+        dgrams: list[int] = []
+        ok = 0
+        failed = 0
+        for _ in range(lookups):
+            src = rng.choice(nodes)
+            key = NodeId.random(rng)
+            best = ids[0]
+            for x in ids:
+                if closer(key, x, best):
+                    best = x
+            d0 = sent_total()
+            t = time.perf_counter()
+            try:
+                h = await src.lookup(key, timeout_s=6.0)
+            except Exception:
+                failed += 1
+                continue
+            lat.append((time.perf_counter() - t) * 1e3)
+            dgrams.append(sent_total() - d0)
+            ok += h.id == best
+        rss_end = _rss_kib()
+        stats = [dict(x.stats) for x in nodes]
+        leaf = [len(x.leaf_set) for x in nodes]
+        rt = [sum(len(r) for r in x.routing_table) for x in nodes]
+        for nd in nodes:
+            nd.leave()
+        nursery.cancel_scope.cancel()
+
+    def tot(k: str) -> int:
+        return sum(s.get(k, 0) for s in stats)
+
+    return {
+        "impl": "flockring pastry (trio, loopback UDP)",
+        "signing": signing,
+        "N": n,
+        "lookups": lookups,
+        "seed": seed,
+        "boot_contacts": boot,
+        "bringup_s": round(t_boot, 3),
+        "bringup_ms_per_node": round(t_boot / n * 1e3, 2),
+        "bringup_datagrams_total": boot_dgrams,
+        "join_failures": join_fail,
+        "ready_nodes": sum(1 for x in nodes if x.ready),
+        "leaf_set_mean": round(statistics.mean(leaf), 1),
+        "routing_table_mean": round(statistics.mean(rt), 1),
+        "lookup_ms_mean": round(statistics.mean(lat), 2) if lat else None,
+        "lookup_ms_p50": round(bench.percentile(lat, 50), 2),
+        "lookup_ms_p95": round(bench.percentile(lat, 95), 2),
+        "datagrams_per_lookup_mean": round(statistics.mean(dgrams), 2) if dgrams else None,
+        "datagrams_per_lookup_p95": bench.percentile([float(d) for d in dgrams], 95),
+        "lookup_success": f"{ok}/{lookups}",
+        "lookup_success_rate": round(ok / lookups, 4) if lookups else None,
+        "lookup_no_answer": failed,
+        "idle_datagrams_per_s": round(idle_rate, 1),
+        "rss_baseline_MiB": round(rss0 / 1024, 1),
+        "rss_after_boot_MiB": round(rss_boot / 1024, 1),
+        "rss_per_node_KiB": round((rss_boot - rss0) / n, 1),
+        "rss_per_node_end_KiB": round((rss_end - rss0) / n, 1),
+        "dropped_forged": tot("auth.forged"),
+        "dropped_replayed": tot("auth.replayed"),
+        "dropped_malformed": tot("auth.malformed") + tot("wire.malformed"),
+        "reroutes": tot("reroutes"),
+        "route_dropped": tot("route_dropped"),
+    }
+
+
+def _worker_main(argv: list[str]) -> int:
+    import trio
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--lookups", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--boot", type=int, default=3)
+    ap.add_argument("--signing", choices=("on", "off"), default="on")
+    a = ap.parse_args(argv)
+    import logging
+
+    logging.disable(logging.WARNING)
+    res = trio.run(_worker, a.nodes, a.lookups, a.seed, a.signing == "on", a.boot)
+    print(json.dumps(res))
+    return 0
+
+
+# --------------------------------------------------------------------------- orchestration
+def _run_child(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {p.returncode}: {' | '.join(tail)}"}
+    try:
+        start = p.stdout.index("{")
+        out: dict[str, Any] = json.loads(p.stdout[start:])
+        return out
+    except ValueError:
+        return {"error": "no JSON in output"}
+
+
+def _ensure_kademlia(venv: Path) -> tuple[Path | None, str]:
+    py = venv / "bin" / "python"
+    check = [str(py), "-c", "import kademlia; print(kademlia.__version__)"]
+    if py.exists():
+        p = subprocess.run(check, capture_output=True, text=True)
+        if p.returncode == 0 and p.stdout.strip() == KADEMLIA_VERSION:
+            return py, "reused"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", f"kademlia=={KADEMLIA_VERSION}"],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        err = getattr(exc, "stderr", b"") or b""
+        text = err.decode(errors="replace") if isinstance(err, bytes) else str(err)
+        last = text.strip().splitlines()[-1:] or [str(exc)]
+        return None, f"could not install kademlia {KADEMLIA_VERSION}: {last[0]}"
+    p = subprocess.run(check, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, "kademlia installed but does not import"
+    return py, "installed"
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+        return round(a / b, 3)
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the configured workers (and kademlia) and return one result document."""
+    me = [sys.executable, "-m", "sim_adapter.bench_live", "--worker"]
+    common = ["--nodes", str(args.nodes), "--lookups", str(args.lookups), "--seed", str(args.seed)]
+    result: dict[str, Any] = {"bench": "live", "env": bench.environment(), "N": args.nodes}
+    modes = {"both": ["off", "on"], "on": ["on"], "off": ["off"]}[args.signing]
+    for m in modes:
+        key = "flockring_unsigned" if m == "off" else "flockring_signed"
+        result[key] = _run_child([*me, *common, "--signing", m], args.timeout)
+    kad: dict[str, Any]
+    if args.no_kademlia:
+        kad = {"available": False, "reason": "skipped (--no-kademlia)"}
+    else:
+        script = _kademlia_script()
+        if script is None:
+            kad = {"available": False, "reason": "bench_kademlia.py not found (../shared/peers)"}
+        else:
+            py, how = _ensure_kademlia(Path(args.kademlia_venv))
+            if py is None:
+                kad = {"available": False, "reason": how}
+            else:
+                kad = _run_child(
+                    [
+                        str(py),
+                        str(script),
+                        str(args.nodes),
+                        "--ops",
+                        str(2 * args.lookups),
+                        "--seed",
+                        str(args.seed),
+                    ],
+                    args.timeout,
+                )
+                kad["available"] = "error" not in kad
+                kad["venv"] = f"{args.kademlia_venv} ({how})"
+    result["kademlia"] = kad
+    ours = result.get("flockring_unsigned") or result.get("flockring_signed") or {}
+    signed = result.get("flockring_signed", {})
+    if kad.get("available"):
+        kd = kad.get("remote_get_datagrams_mean", kad.get("get_datagrams_mean"))
+        result["ratios_vs_kademlia"] = {
+            "note": "ours / kademlia (lower is better); lookups vs kademlia get()",
+            "bringup_s": _ratio(ours.get("bringup_s"), kad.get("bringup_s")),
+            "bringup_s_signed": _ratio(signed.get("bringup_s"), kad.get("bringup_s")),
+            "rss_per_node": _ratio(ours.get("rss_per_node_KiB"), kad.get("rss_per_node_KiB")),
+            "rss_per_node_signed": _ratio(
+                signed.get("rss_per_node_KiB"), kad.get("rss_per_node_KiB")
+            ),
+            "lookup_ms_p50": _ratio(ours.get("lookup_ms_p50"), kad.get("get_ms_p50")),
+            "lookup_ms_p95": _ratio(ours.get("lookup_ms_p95"), kad.get("get_ms_p95")),
+            "datagrams_per_lookup": _ratio(ours.get("datagrams_per_lookup_mean"), kd),
+            "datagrams_per_lookup_signed": _ratio(signed.get("datagrams_per_lookup_mean"), kd),
+        }
+    result["targets"] = {
+        "bringup_faster_than_kademlia": (
+            ours.get("bringup_s", 1e9) < kad["bringup_s"] if kad.get("available") else None
+        ),
+        "rss_per_node_le_28KiB": (
+            ours.get("rss_per_node_KiB", 1e9) <= TARGET_RSS_KIB if ours else None
+        ),
+        "success_100pct": ours.get("lookup_success_rate") == 1.0 if ours else None,
+        "fewer_datagrams_per_lookup": (
+            (ours.get("datagrams_per_lookup_mean") or 1e9) < (kad.get("get_datagrams_mean") or 0)
+            if kad.get("available")
+            else None
+        ),
+    }
+    return result
+
+
+def _main(args: argparse.Namespace) -> int:
+    bench.emit(run(args), args.json, getattr(args, "out", None))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``live`` to the ``flockring bench`` subparsers."""
+    p = sub.add_parser("live", help="live swarm on loopback UDP, side by side with kademlia")
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--lookups", type=int, default=100, help="lookups (kademlia: as many gets)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--signing", choices=("both", "on", "off"), default="both")
+    p.add_argument("--no-kademlia", action="store_true", help="skip the kademlia comparison")
+    p.add_argument("--kademlia-venv", default=DEFAULT_KADEMLIA_VENV, metavar="DIR")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_main)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,478 @@
+"""The simulated network: spawn, crash, loss, partitions, oracle builds and measurements.
+
+Theory of operation (DESIGN §1.1, §3): a :class:`Network` owns one :class:`Engine` and a list of
+:class:`SimNode`. Each node runs an unmodified protocol core (Pastry or small-world) behind a
+:class:`SimRuntime`, whose ``send`` turns into a delivery event ``latency.one_way_s(a, b)`` later
+(unless the message is lost or crosses a partition). Sim addresses are node indices. Every node
+shares the network's one seeded ``random.Random`` (a Mersenne Twister state is 2.5 KB; one per
+node would cost gigabytes at 10^6 nodes, and one loop makes sharing deterministic anyway).
+
+Measurements are made through the KBR API, never by peeking into routing tables: a lookup is a
+real ``route()`` of a tiny payload for the built-in application ``sim.lookup``; its ``forward``
+upcalls count hops and its ``deliver`` upcall records which node answered and when.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from overlay.errors import ConfigError, OverlayError
+from overlay.handle import Address, NodeHandle
+from overlay.ids import NodeId, closer
+from overlay.kbr import BaseApplication, KbrCore
+from overlay.messages import Message
+from overlay.multicast import MULTICAST_APP, Multicast, MulticastResult
+from overlay.multicast import attach as attach_multicast
+from sim_adapter.engine import Engine, EngineTimer
+
+if TYPE_CHECKING:
+    from sim_adapter.latency import LatencyModel
+
+log = logging.getLogger(__name__)
+
+LOOKUP_APP = "sim.lookup"
+
+
+class Lookup(NamedTuple):
+    """Outcome of one lookup: who answered, over how many hops, after how long."""
+
+    result: NodeId | None
+    hops: int
+    latency_s: float
+
+
+class SimNode:
+    """One simulated node: its core plus bookkeeping."""
+
+    __slots__ = ("alive", "core", "handle", "id", "index")
+
+    def __init__(self, index: int, handle: NodeHandle, core: KbrCore) -> None:
+        self.index = index
+        self.id = handle.id
+        self.handle = handle
+        self.core = core
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"SimNode({self.index}, {self.id.short()}, alive={self.alive})"
+
+
+class SimRuntime:
+    """The Runtime a simulated core sees."""
+
+    __slots__ = ("index", "net")
+
+    def __init__(self, net: Network, index: int) -> None:
+        self.net = net
+        self.index = index
+
+    @property
+    def rng(self) -> random.Random:
+        return self.net.rng
+
+    def now(self) -> float:
+        return self.net.engine.now
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> EngineTimer:
+        return self.net.engine.call_later(delay_s, fn, self._alive)
+
+    def _alive(self) -> bool:
+        return self.net.nodes[self.index].alive
+
+    def send(self, dst: NodeHandle, msg: Message) -> None:
+        self.net._send(self.index, dst.address, msg)
+
+    def send_address(self, address: Address, msg: Message) -> None:
+        self.net._send(self.index, address, msg)
+
+
+class _LookupState:
+    __slots__ = ("done", "hops", "key", "result", "t0", "t1")
+
+    def __init__(self, key: NodeId, t0: float) -> None:
+        self.key = key
+        self.t0 = t0
+        self.t1 = -1.0
+        self.hops = 0
+        self.result: NodeId | None = None
+        self.done = False
+
+
+class _LookupApp(BaseApplication):
+    """Per-node measuring application for ``Network.lookup``."""
+
+    __slots__ = ("net", "node_id")
+
+    def __init__(self, net: Network, node_id: NodeId) -> None:
+        self.net = net
+        self.node_id = node_id
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        self.net._lookup_delivered(int(payload), self.node_id)
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        st = self.net._lookups.get(int(payload))
+        if st is not None:
+            st.hops += 1
+        return next_hop
+
+
+_Parts = tuple[Callable[..., KbrCore], Callable[[], Any], Callable[..., None]]
+
+#: extra overlays plugged in by users (name -> (core class, config factory, oracle builder)).
+#: Each core class is built as ``cls(runtime, handle, config)``; the oracle builder is called as
+#: ``build(cores, rtt_s)`` and must leave every core ready without sending anything.
+OVERLAYS: dict[str, _Parts] = {}
+
+
+def _overlay_parts(name: str) -> _Parts:
+    """(core class, default config factory, oracle builder) for an overlay name."""
+    if name == "pastry":
+        from overlay import pastry
+
+        return pastry.PastryCore, pastry.PastryConfig, pastry.build_oracle
+    if name == "smallworld":
+        from overlay import smallworld
+
+        return smallworld.SmallWorldCore, smallworld.SmallWorldConfig, smallworld.build_oracle
+    if name in OVERLAYS:
+        return OVERLAYS[name]
+    known = ", ".join(repr(k) for k in ("pastry", "smallworld", *OVERLAYS))
+    raise ConfigError(f"unknown overlay {name!r}: expected one of {known}")
+
+
+class Network:
+    """A whole simulated overlay network in one process (DESIGN §3)."""
+
+    def __init__(
+        self,
+        seed: int = 1,
+        latency: LatencyModel | None = None,
+        loss: float = 0.0,
+        codec: bool = False,
+    ) -> None:
+        if not 0.0 <= loss < 1.0:
+            raise ConfigError(f"loss must be in [0, 1), got {loss!r}")
+        if latency is None:
+            from sim_adapter.latency import Uniform
+
+            latency = Uniform(0.05, 0.30, seed=seed)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.engine = Engine()
+        self.latency: LatencyModel = latency
+        self.loss = loss
+        self.nodes: list[SimNode] = []
+        self.overlay: str | None = None
+        self._live_ids: list[int] = []  # sorted ids of live nodes (the oracle's view)
+        self._by_id: dict[int, SimNode] = {}
+        self._partition: list[int] | None = None
+        self._lookups: dict[int, _LookupState] = {}
+        self._lookup_seq = 0
+        self._waiting = 0
+        self.message_count = 0
+        self.bytes_sent = 0
+        self.dropped_loss = 0
+        self.dropped_partition = 0
+        self.dropped_dead = 0
+        self.msg_by_type: Counter[str] = Counter()
+        self._encode: Callable[[Message], bytes] | None = None
+        if codec:
+            from overlay.wire import encode_message
+
+            self._encode = encode_message
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def now(self) -> float:
+        return self.engine.now
+
+    def live_nodes(self) -> list[SimNode]:
+        return [n for n in self.nodes if n.alive]
+
+    def node_by_id(self, nid: int) -> SimNode:
+        return self._by_id[nid]
+
+    def run(self, seconds: float) -> None:
+        """Advance virtual time by ``seconds``, processing every event due."""
+        if seconds < 0:
+            raise ConfigError("run() needs a non-negative duration")
+        self.engine.run_until(self.engine.now + seconds)
+
+    # ------------------------------------------------------------------ transport
+    def _send(self, src: int, dst: Address, msg: Message) -> None:
+        self.message_count += 1
+        self.msg_by_type[type(msg).__name__] += 1
+        if self._encode is not None:
+            self.bytes_sent += len(self._encode(msg))
+        if not isinstance(dst, int) or not 0 <= dst < len(self.nodes):
+            self.dropped_dead += 1
+            return
+        if self.loss and self.rng.random() < self.loss:
+            self.dropped_loss += 1
+            return
+        part = self._partition
+        if part is not None and part[src] != part[dst]:
+            self.dropped_partition += 1
+            return
+        eng = self.engine
+        eng.push(eng.now + self.latency.one_way_s(src, dst), self._deliver, (src, dst, msg))
+
+    def _deliver(self, src: int, dst: int, msg: Message) -> None:
+        node = self.nodes[dst]
+        if not node.alive:
+            self.dropped_dead += 1
+            return
+        node.core.receive(self.nodes[src].handle, msg)
+
+    # ------------------------------------------------------------------ population
+    def _new_node(self, overlay: str, config: Any, nid: NodeId | None) -> SimNode:
+        cls, default_cfg, _ = _overlay_parts(overlay)
+        index = len(self.nodes)
+        if nid is None:
+            nid = NodeId.random(self.rng)
+            while int(nid) in self._by_id:
+                nid = NodeId.random(self.rng)
+        elif int(nid) in self._by_id:
+            raise OverlayError(f"id {nid} is already in the network")
+        handle = NodeHandle(nid, index)
+        self.latency.place(index, self.rng)
+        core = cls(SimRuntime(self, index), handle, config if config is not None else default_cfg())
+        core.register(LOOKUP_APP, _LookupApp(self, nid))
+        attach_multicast(core)
+        node = SimNode(index, handle, core)
+        self.nodes.append(node)
+        self._by_id[int(nid)] = node
+        return node
+
+    def _mark_live(self, node: SimNode) -> None:
+        bisect.insort(self._live_ids, int(node.id))
+
+    def spawn(
+        self,
+        n: int,
+        overlay: str = "pastry",
+        build: str = "joins",
+        config: Any = None,
+        ids: Sequence[NodeId] | None = None,
+        join_timeout_s: float = 300.0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[SimNode]:
+        """Add ``n`` nodes. ``build="joins"`` runs the real join protocol one node at a time;
+        ``build="oracle"`` computes the steady state directly (large N) and sends nothing."""
+        if n < 0:
+            raise ConfigError("spawn() needs n >= 0")
+        if self.overlay is not None and overlay != self.overlay:
+            raise ConfigError(f"this network runs {self.overlay!r}; cannot add {overlay!r} nodes")
+        if ids is not None and len(ids) != n:
+            raise ConfigError("spawn(ids=...) must give exactly n ids")
+        _overlay_parts(overlay)  # validate the name before touching state
+        self.overlay = overlay
+        if build == "oracle":
+            return self._spawn_oracle(n, overlay, config, ids, progress)
+        if build != "joins":
+            raise ConfigError(f"unknown build {build!r}: expected 'joins' or 'oracle'")
+        out = []
+        for i in range(n):
+            node = self._new_node(overlay, config, ids[i] if ids is not None else None)
+            self._join_one(node, join_timeout_s)
+            out.append(node)
+            if progress is not None:
+                progress(i + 1, n)
+        return out
+
+    def _join_one(self, node: SimNode, timeout_s: float) -> None:
+        live = [m for m in self.nodes if m.alive and m.core.ready and m is not node]
+        seeds: list[Address] = [self.rng.choice(live).index] if live else []
+        done: list[bool] = []
+
+        def on_done(ok: bool) -> None:
+            done.append(ok)
+            self.engine.stop()
+
+        node.core.start()
+        node.core.join(seeds, on_done)
+        deadline = self.engine.now + timeout_s
+        while not done and self.engine.now < deadline:
+            if self.engine.run_until(deadline) and not done:
+                break
+        if not done or not done[0]:
+            log.warning("node %s did not become ready within %.0f s", node.id.short(), timeout_s)
+        self._mark_live(node)
+
+    def _spawn_oracle(
+        self,
+        n: int,
+        overlay: str,
+        config: Any,
+        ids: Sequence[NodeId] | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> list[SimNode]:
+        _, _, build_oracle = _overlay_parts(overlay)
+        new = [
+            self._new_node(overlay, config, ids[i] if ids is not None else None) for i in range(n)
+        ]
+        live = [m for m in self.nodes if m.alive]
+        lat = self.latency
+
+        def rtt_s(a: NodeHandle, b: NodeHandle) -> float:
+            return lat.rtt_s(int(a.address), int(b.address))  # type: ignore[call-overload]
+
+        build_oracle([m.core for m in live], rtt_s)
+        for m in new:
+            m.core.start()
+        self._live_ids = sorted(int(m.id) for m in live)
+        if progress is not None:
+            progress(n, n)
+        return new
+
+    def crash(self, nodes: SimNode | Iterable[SimNode]) -> None:
+        """Fail-stop: the node(s) stop at once, silently (no leave messages)."""
+        batch = [nodes] if isinstance(nodes, SimNode) else list(nodes)
+        for node in batch:
+            if not node.alive:
+                continue
+            node.alive = False
+            node.core.stop()
+            i = bisect.bisect_left(self._live_ids, int(node.id))
+            if i < len(self._live_ids) and self._live_ids[i] == int(node.id):
+                del self._live_ids[i]
+
+    # ------------------------------------------------------------------ partitions
+    def partition(self, groups: Sequence[Iterable[SimNode]]) -> None:
+        """Cut the network: messages between different groups are dropped until ``heal()``.
+        Nodes in no group form one more group of their own."""
+        label = [len(groups)] * len(self.nodes)
+        for g, members in enumerate(groups):
+            for m in members:
+                label[m.index] = g
+        self._partition = label
+
+    def heal(self) -> None:
+        self._partition = None
+
+    # ------------------------------------------------------------------ oracles
+    def closest_live(self, key: int) -> NodeId:
+        """The live node numerically closest to ``key`` (ties → smaller id), by brute force
+        over the sorted live ids: the oracle every routing test checks against."""
+        ids = self._live_ids
+        if not ids:
+            raise OverlayError("no live node")
+        i = bisect.bisect_left(ids, key)
+        a = ids[i % len(ids)]
+        b = ids[(i - 1) % len(ids)]
+        return self._by_id[a if closer(key, a, b) else b].id
+
+    # ------------------------------------------------------------------ lookups
+    def _lookup_delivered(self, lid: int, at: NodeId) -> None:
+        st = self._lookups.get(lid)
+        if st is None:
+            return
+        if st.done:
+            self.msg_by_type["sim.duplicate_delivery"] += 1
+            return
+        st.done = True
+        st.result = at
+        st.t1 = self.engine.now
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.engine.stop()
+
+    def lookup(self, src: SimNode, key: NodeId, timeout_s: float = 60.0) -> Lookup:
+        """Route ``key`` from ``src`` and run the simulation until it is delivered."""
+        return self.lookup_many([(src, key)], timeout_s)[0]
+
+    def lookup_many(
+        self, pairs: Sequence[tuple[SimNode, NodeId]], timeout_s: float = 60.0
+    ) -> list[Lookup]:
+        """Start all lookups at once (at the current virtual time) and run until every one is
+        delivered or ``timeout_s`` passes; undelivered ones have ``result=None``."""
+        states: list[tuple[int, _LookupState]] = []
+        now = self.engine.now
+        for src, key in pairs:
+            if not src.alive:
+                raise OverlayError(f"lookup from crashed node {src!r}")
+            self._lookup_seq += 1
+            lid = self._lookup_seq
+            st = _LookupState(key, now)
+            self._lookups[lid] = st
+            states.append((lid, st))
+            self._waiting += 1
+            src.core.route(key, LOOKUP_APP, lid)
+        deadline = now + timeout_s
+        while self._waiting > 0 and self.engine.now < deadline:
+            if self.engine.run_until(deadline):
+                break
+        out = []
+        for lid, st in states:
+            del self._lookups[lid]
+            if st.done:
+                out.append(Lookup(st.result, st.hops, st.t1 - st.t0))
+            else:
+                self._waiting -= 1
+                out.append(Lookup(None, st.hops, timeout_s))
+        return out
+
+    # ================================================================ multicast (issue 5) ====
+    # Counting map-reduce over the ring through the multicast application that ``_new_node``
+    # attaches to every core (overlay/multicast.py). Owned by the multicast issue.
+    def count_nodes(
+        self,
+        src: SimNode,
+        redundant: bool = False,
+        *,
+        begin: NodeId | None = None,
+        end: NodeId | None = None,
+        timeout_s: float | None = None,
+        level_s: float | None = None,
+        max_run_s: float = 3600.0,
+    ) -> Aggregate:
+        """Count the nodes of the ring (or of the clockwise region [begin, end)) with a real
+        recursive-partition map-reduce started at ``src``; ``redundant`` runs the clockwise and
+        the counter-clockwise tree and merges them (PonD §3.1.4). Runs the simulation until the
+        root answers; ``timeout_s`` bounds the query itself, ``max_run_s`` the virtual time."""
+        if not src.alive:
+            raise OverlayError(f"count_nodes from crashed node {src!r}")
+        out: list[MulticastResult] = []
+
+        def done(r: MulticastResult) -> None:
+            out.append(r)
+            self.engine.stop()
+
+        mc = src.core.apps.get(MULTICAST_APP)
+        if not isinstance(mc, Multicast):
+            raise OverlayError("this node has no multicast application")
+        mc.aggregate(
+            "count",
+            None,
+            on_done=done,
+            begin=begin,
+            end=end,
+            direction="both" if redundant else "cw",
+            timeout_s=timeout_s,
+            level_s=level_s,
+        )
+        deadline = self.engine.now + (timeout_s if timeout_s is not None else max_run_s)
+        while not out and self.engine.now < deadline:
+            if self.engine.run_until(deadline) and not out:
+                break
+        if not out:
+            raise OverlayError(f"count_nodes: no answer within {deadline:.0f} s of virtual time")
+        r = out[0]
+        return Aggregate(int(r.value or 0), list(r.missing), r.depth, r.elapsed_s)
+
+
+# ==================================================================== multicast (issue 5) ====
+class Aggregate(NamedTuple):
+    """Outcome of ``Network.count_nodes``: the count, the clockwise ranges whose nodes were not
+    counted, the tree depth and the virtual time the query took."""
+
+    value: int
+    missing: list[tuple[NodeId, NodeId]]
+    depth: int
+    latency_s: float

@@ -1,0 +1,431 @@
+"""Pastry core units: leaf set, routing table, routing decision, PNS, join, bad input.
+
+Synchronous and explicit-time (DESIGN §5): ``ManualRuntime`` for single-core checks and a tiny
+shared-clock message pump (:class:`MiniNet`) for joins; brute-force oracles, not hand-picked
+expectations.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from overlay import ConfigError, NodeHandle, NodeId, OverlayError
+from overlay.handle import Address
+from overlay.ids import RING, closer, ring_distance, shared_prefix_len
+from overlay.messages import Message, register
+from overlay.pastry import JoinState, LeafSet, PastryConfig, PastryCore, RoutingTable, build_oracle
+from overlay.pastry.messages import (
+    Heartbeat,
+    JoinReply,
+    LeafFailed,
+    LeafSetReply,
+    RowReply,
+    RowRequest,
+    TableAnnounce,
+)
+from overlay.proximity import Ping, Pong
+from overlay.runtime import ManualRuntime
+
+
+def _h(i: int, addr: Address = None) -> NodeHandle:
+    return NodeHandle(NodeId(i % RING), addr if addr is not None else i % 997)
+
+
+def _brute_closest(key: int, ids: list[int]) -> int:
+    best = ids[0]
+    for x in ids[1:]:
+        if closer(key, x, best):
+            best = x
+    return best
+
+
+# ---------------------------------------------------------------------- leaf set
+def test_leaf_set_keeps_the_nearest_half_on_each_side() -> None:
+    rng = random.Random(1)
+    owner = _h(rng.getrandbits(160), 0)
+    ls = LeafSet(owner, 8)
+    others = [_h(rng.getrandbits(160), i + 1) for i in range(200)]
+    for h in others:
+        ls.insert(h)
+    cw = sorted(others, key=lambda h: (int(h.id) - int(owner.id)) % RING)[:8]
+    ccw = sorted(others, key=lambda h: (int(owner.id) - int(h.id)) % RING)[:8]
+    assert ls.cw == cw and ls.ccw == ccw
+    assert not ls.covers_ring and ls.is_full()
+    assert set(ls.nodes()) == set(cw) | set(ccw) and len(ls.nodes()) == 16
+    # range and closest() against brute force over leaf set ∪ owner
+    members = [int(h.id) for h in ls.nodes()] + [int(owner.id)]
+    lo, hi = int(ccw[-1].id), int(cw[-1].id)
+    for _ in range(500):
+        key = (lo + rng.randrange((hi - lo) % RING + 1)) % RING
+        assert ls.in_range(key)
+        best = ls.closest(key, set(), None)
+        want = _brute_closest(key, members)
+        assert (int(owner.id) if best is None else int(best.id)) == want
+    outside = (hi + (lo - hi) % RING // 2) % RING
+    assert not ls.in_range(outside)
+
+
+def test_leaf_set_small_ring_overlaps_and_covers_everything() -> None:
+    owner = _h(100, 0)
+    ls = LeafSet(owner, 8)
+    ids = [5, 900, RING - 7, 1 << 150]
+    for i, x in enumerate(ids):
+        ls.insert(_h(x, i + 1))
+    assert ls.covers_ring and len(ls) == 4
+    for key in (0, 50, 1 << 159, RING - 1):
+        best = ls.closest(key, set(), None)
+        assert (100 if best is None else int(best.id)) == _brute_closest(key, [*ids, 100])
+
+
+def test_leaf_set_remove_skip_bad_and_same_id_new_address() -> None:
+    owner = _h(1 << 100, 0)
+    ls = LeafSet(owner, 2)
+    a, b, c = _h((1 << 100) + 10, 1), _h((1 << 100) + 20, 2), _h((1 << 100) - 10, 3)
+    for h in (a, b, c):
+        assert ls.insert(h)
+    assert not ls.insert(a)  # already there
+    assert ls.closest((1 << 100) + 11, set(), None) == a
+    assert ls.closest((1 << 100) + 11, {a}, None) == b  # suspected a: next best
+    assert ls.closest((1 << 100) + 11, set(), {a}) == b
+    moved = _h(int(a.id), 42)
+    assert ls.insert(moved) and moved in ls and a not in ls
+    assert ls.remove(moved) and not ls.remove(moved)
+    assert ls.fits((1 << 100) + 5)
+
+
+# ---------------------------------------------------------------------- routing table
+def test_routing_table_slots_and_lazy_rows() -> None:
+    me = 0x1234 << 144
+    t = RoutingTable(me, 4)
+    assert all(r is None for r in t.rows)
+    h = _h(0x1294 << 144, 7)  # shares "12", digit 2 is 9
+    assert t.slot_of(h.id) == (2, 9)
+    assert t.slot_of(me) is None
+    assert t.put(2, 9, h) is None
+    assert t.rows[0] is None and t.rows[2] is not None
+    assert t.get(2, 9) == h and h in t and len(t) == 1
+    assert t.rows_upto(1) == () and t.rows_upto(2) == (h,)
+    assert t.populated_rows() == [2]
+    assert t.remove(h) == (2, 9) and t.remove(h) is None and len(t) == 0
+
+
+# ---------------------------------------------------------------------- routing over an oracle ring
+def _oracle_ring(n: int, seed: int, cfg: PastryConfig | None = None) -> list[PastryCore]:
+    rng = random.Random(seed)
+    cores = [PastryCore(ManualRuntime(seed=i), _h(rng.getrandbits(160), i), cfg) for i in range(n)]
+    pos = {c.handle: (rng.random(), rng.random()) for c in cores}
+
+    def rtt(a: NodeHandle, b: NodeHandle) -> float:
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        return 0.01 + math.hypot(x1 - x2, y1 - y2)
+
+    build_oracle(cores, rtt)
+    return cores
+
+
+def _walk(cores: dict[NodeHandle, PastryCore], start: PastryCore, key: NodeId) -> tuple[int, int]:
+    cur, hops = start, 0
+    while True:
+        nh = cur.next_hop(key)
+        if nh is None:
+            return int(cur.id), hops
+        cur = cores[nh]
+        hops += 1
+        assert hops < 20, "routing loop"
+
+
+def test_oracle_ring_routes_every_key_to_the_numerically_closest_node() -> None:
+    cores = _oracle_ring(600, seed=3)
+    by = {c.handle: c for c in cores}
+    ids = [int(c.id) for c in cores]
+    rng = random.Random(9)
+    total = 0
+    for _ in range(1500):
+        key = NodeId.random(rng)
+        at, hops = _walk(by, rng.choice(cores), key)
+        assert at == _brute_closest(key, ids)
+        total += hops
+    assert total / 1500 <= math.log(600, 16) + 0.5
+    assert all(c.ready and c.join_state is JoinState.READY for c in cores)
+    assert all(not c.runtime.sent for c in cores if isinstance(c.runtime, ManualRuntime))
+
+
+def test_oracle_tables_respect_prefixes_and_pns_sample() -> None:
+    cores = _oracle_ring(400, seed=4, cfg=PastryConfig(oracle_pns_sample=4))
+    for c in cores[:50]:
+        for r in range(c.table.nrows):
+            row = c.table.rows[r]
+            if row is None:
+                continue
+            for col, h in enumerate(row):
+                if h is not None:
+                    assert shared_prefix_len(c.id, h.id) == r and h.id.digit(r) == col
+        assert len(c.leaf) == 16
+
+
+def test_rare_case_and_reroute_when_entries_are_bad() -> None:
+    cores = _oracle_ring(300, seed=5)
+    by = {c.handle: c for c in cores}
+    ids = [int(c.id) for c in cores]
+    rng = random.Random(2)
+    src = cores[0]
+    for _ in range(200):
+        key = NodeId.random(rng)
+        nh = src.next_hop(key)
+        if nh is None or nh in src.leaf:
+            continue
+        # the preferred entry is excluded: the next hop must still make progress
+        alt = src.next_hop(key, exclude={nh})
+        if alt is not None:
+            spl_alt = shared_prefix_len(alt.id, key)
+            spl_me = shared_prefix_len(src.id, key)
+            assert spl_alt > spl_me or ring_distance(alt.id, key) < ring_distance(src.id, key)
+            at, _ = _walk(by, by[alt], key)
+            assert at == _brute_closest(key, ids)
+    assert src.stats["rare_case"] > 0
+
+
+def test_kbr_queries() -> None:
+    cores = _oracle_ring(200, seed=6)
+    c = cores[0]
+    key = NodeId.random(random.Random(1))
+    reps = c.replica_set(c.id, 5)
+    assert reps[0] == c.handle and len(reps) == 5
+    assert len(c.neighbor_set(4)) == 4
+    assert len(c.known_nodes()) >= 16
+    assert c.local_lookup(key, 3)[0] == c.next_hop(key) or c.next_hop(key) is None
+    rng_all = c.known_in_range(NodeId(0), NodeId(0))  # whole ring
+    assert set(rng_all) == set(c.known_nodes())
+    assert c.routing_row(0) and all(shared_prefix_len(h.id, c.id) == 0 for h in c.routing_row(0))
+
+
+# ---------------------------------------------------------------------- PNS with explicit time
+def test_pns_replaces_an_entry_only_for_a_lower_measured_rtt() -> None:
+    rt = ManualRuntime(seed=1)
+    me = _h(0x10 << 152, 0)
+    core = PastryCore(rt, me)
+    a, b, c = _h(0x20 << 152, 1), _h(0x21 << 152, 2), _h(0x22 << 152, 3)  # same slot (0, 2)
+    core.prox.sample(a, 0.100)
+    core.consider(a, probe=True)
+    assert core.table.get(0, 2) == a
+    core.consider(b, probe=True)  # unknown RTT: probed first, not installed
+    pings = [(d, m) for d, m in rt.take_sent() if isinstance(m, Ping)]
+    assert [d for d, _ in pings] == [b] and core.table.get(0, 2) == a
+    rt.advance(0.05)
+    core.receive(b, Pong(pings[0][1].nonce, pings[0][1].sent_at))  # RTT 50 ms < 100 ms
+    assert core.table.get(0, 2) == b
+    core.prox.sample(c, 0.5)
+    core.consider(c, probe=True)
+    assert core.table.get(0, 2) == b  # slower: ignored
+
+
+# ---------------------------------------------------------------------- bad input
+@register(250)
+@attrs.frozen(slots=True)
+class _Alien(Message):
+    x: int
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Heartbeat(("junk",)),  # type: ignore[arg-type]
+        Heartbeat((), ((1, 2.0),)),  # type: ignore[arg-type]
+        Heartbeat((), ((_h(5), -1.0),)),
+        LeafFailed("nobody"),  # type: ignore[arg-type]
+        RowRequest(999, 0),
+        RowRequest("0", 0),  # type: ignore[arg-type]
+        RowReply(0, (None,)),  # type: ignore[arg-type]
+        JoinReply(0, 5, ()),  # type: ignore[arg-type]
+        LeafSetReply(0, ("x",)),  # type: ignore[arg-type]
+        TableAnnounce("fast"),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_messages_are_dropped_and_counted(msg: Message) -> None:
+    core = _oracle_ring(20, seed=7)[0]
+    core.receive(_h(77, 5), msg)
+    assert core.stats["dropped_malformed"] == 1
+
+
+def test_unknown_messages_are_dropped_and_counted() -> None:
+    core = _oracle_ring(5, seed=8)[0]
+    core.receive(_h(77, 5), _Alien(1))
+    assert core.stats["dropped_unknown"] == 1
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError):
+        PastryConfig(leaf_set_size=3)
+    with pytest.raises(ConfigError):
+        PastryConfig(b_bits=3)
+    with pytest.raises(ConfigError):
+        PastryConfig(heartbeat_interval_s=0)
+    cfg = PastryConfig(leaf_set_size=24)
+    assert cfg.half_leaf == 12 and cfg.rows == 40 and cfg.cols == 16
+
+
+# ---------------------------------------------------------------------- joins on a message pump
+class MiniNet:
+    """Shared virtual clock, fixed per-pair latency, optional loss and dead nodes."""
+
+    def __init__(self, seed: int = 0, loss: float = 0.0) -> None:
+        self.now_s = 0.0
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+        self.rng = random.Random(seed)
+        self.loss = loss
+        self.cores: list[PastryCore] = []
+        self.dead: set[int] = set()
+        self.sent = 0
+
+    def add(self, cfg: PastryConfig | None = None) -> PastryCore:
+        idx = len(self.cores)
+        core = PastryCore(_PumpRuntime(self, idx), _h(self.rng.getrandbits(160), idx), cfg)
+        self.cores.append(core)
+        return core
+
+    def at(self, delay: float, fn: Callable[[], None]) -> _Tm:
+        t = _Tm(fn)
+        heapq.heappush(self.heap, (self.now_s + delay, next(self.seq), t.fire))
+        return t
+
+    def send(self, src: int, dst: Address, msg: Message) -> None:
+        self.sent += 1
+        if not isinstance(dst, int) or dst in self.dead or self.rng.random() < self.loss:
+            return
+        lat = 0.01 + ((src * 31 + dst * 17) % 50) / 1000
+        s = self.cores[src].handle
+        self.at(lat, lambda: None if dst in self.dead else self.cores[dst].receive(s, msg))
+
+    def run(self, seconds: float) -> None:
+        end = self.now_s + seconds
+        while self.heap and self.heap[0][0] <= end:
+            when, _, fn = heapq.heappop(self.heap)
+            self.now_s = when
+            fn()
+        self.now_s = end
+
+    def join(self, core: PastryCore, seeds: list[Address], run_s: float = 60.0) -> list[bool]:
+        done: list[bool] = []
+        core.start()
+        core.join(seeds, done.append)
+        end = self.now_s + run_s
+        while not done and self.now_s < end:
+            self.run(1.0)
+        return done
+
+
+class _Tm:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+
+    def cancel(self) -> None:
+        self.fn = None
+
+    def fire(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+class _PumpRuntime:
+    def __init__(self, net: MiniNet, idx: int) -> None:
+        self.net = net
+        self.idx = idx
+
+    @property
+    def rng(self) -> random.Random:
+        return self.net.rng
+
+    def now(self) -> float:
+        return self.net.now_s
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> _Tm:
+        return self.net.at(delay_s, fn)
+
+    def send(self, dst: NodeHandle, msg: Message) -> None:
+        if self.idx not in self.net.dead:
+            self.net.send(self.idx, dst.address, msg)
+
+    def send_address(self, address: Address, msg: Message) -> None:
+        if self.idx not in self.net.dead:
+            self.net.send(self.idx, address, msg)
+
+
+def _expected_leaves(core: PastryCore, ids: list[int], half: int = 8) -> set[int]:
+    others = [x for x in ids if x != int(core.id)]
+    cw = sorted(others, key=lambda x: (x - int(core.id)) % RING)[:half]
+    ccw = sorted(others, key=lambda x: (int(core.id) - x) % RING)[:half]
+    return set(cw) | set(ccw)
+
+
+def test_joins_one_by_one_build_exact_leaf_sets_and_consistent_readiness() -> None:
+    net = MiniNet(seed=11)
+    first = net.add()
+    assert net.join(first, []) == [True]
+    for _ in range(40):
+        c = net.add()
+        seed = net.rng.choice([x for x in net.cores if x.ready]).handle.address
+        assert net.join(c, [seed]) == [True]
+        # consistent join: every leaf-set member already holds the new node
+        for m in c.leaf.nodes():
+            assert c.handle in net.cores[int(m.address)].leaf
+    net.run(5.0)
+    ids = [int(c.id) for c in net.cores]
+    for c in net.cores:
+        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+        assert c.join_state is JoinState.READY
+    with pytest.raises(OverlayError):
+        net.cores[3].join([0])
+
+
+def test_join_retries_the_next_seed_and_fails_cleanly() -> None:
+    net = MiniNet(seed=12)
+    a = net.add()
+    net.join(a, [])
+    b = net.add()
+    net.dead.add(999)  # an address nobody answers
+    assert net.join(b, [999, 0], run_s=120) == [True]
+    assert b.stats["join_retries"] >= 1
+    c = net.add(PastryConfig(join_attempts=2, join_timeout_s=1.0))
+    assert net.join(c, [999], run_s=60) == [False]
+    assert c.join_state is JoinState.FAILED and not c.ready
+
+
+def test_crash_is_detected_spread_and_repaired_in_a_minute() -> None:
+    net = MiniNet(seed=13)
+    net.join(net.add(), [])
+    for _ in range(40):
+        c = net.add()
+        net.join(c, [0])
+    net.run(30)
+    victims = {5, 6, 20}
+    net.dead |= victims
+    for v in victims:
+        net.cores[v].stop()
+    net.run(60)
+    live = [c for c in net.cores if int(c.handle.address) not in victims]
+    ids = [int(c.id) for c in live]
+    for c in live:
+        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+
+
+def test_stop_silences_the_core() -> None:
+    net = MiniNet(seed=14)
+    net.join(net.add(), [])
+    c = net.add()
+    net.join(c, [0])
+    c.stop()
+    before = net.sent
+    net.dead.add(1)
+    net.run(600)
+    c.receive(net.cores[0].handle, Heartbeat(()))
+    assert c.stats["dropped_malformed"] == 0
+    assert net.sent - before < 40  # only the other node's probes of the silent one

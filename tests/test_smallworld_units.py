@@ -1,0 +1,421 @@
+"""Small-world ring: synchronous unit tests (explicit time, a tiny message pump, no simulator).
+
+Oracle checks throughout: next hops against a brute-force scan with ``overlay.ids.closer``,
+near windows against the sorted id list, the shortcut distance law against its CDF.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from overlay.errors import ConfigError, OverlayError
+from overlay.handle import Address, NodeHandle
+from overlay.ids import RING, NodeId, closer, ring_distance
+from overlay.kbr import BaseApplication, RouteMsg
+from overlay.messages import Message, register
+from overlay.runtime import ManualRuntime
+from overlay.smallworld import (
+    ConnectionTable,
+    SmallWorldConfig,
+    SmallWorldCore,
+    desired_shortcuts,
+    draw_shortcut_target,
+    estimate_size,
+    ttl_hops,
+)
+from overlay.smallworld.messages import (
+    JOIN,
+    LINK_APP,
+    NEAR,
+    RIGHT,
+    SHORTCUT,
+    ConnectReply,
+    ConnectRequest,
+    JoinRequest,
+    Link,
+    LinkAck,
+    NearQuery,
+    NearReply,
+    Unlink,
+)
+
+
+def _h(i: int, addr: Address = None) -> NodeHandle:
+    return NodeHandle(NodeId(i % RING), i if addr is None else addr)
+
+
+def _brute_next(me: int, key: int, ids: list[int]) -> int | None:
+    best = me
+    for x in ids:
+        if closer(key, x, best):
+            best = x
+    return None if best == me else best
+
+
+# --------------------------------------------------------------------------- estimate
+def test_size_estimate_from_near_spread() -> None:
+    # 4 near connections evenly spaced at gap g: N̂ = 2^160 / g
+    g = RING // 1000
+    me = 10 * g
+    conns = (_h(me + g), _h(me + 2 * g), _h(me - 2 * g), _h(me - g))
+    assert estimate_size(me, conns, 2) == pytest.approx(1000, rel=1e-9)
+    # a tiny ring: we know everyone
+    assert estimate_size(me, conns[:3], 2) == 4.0
+    assert estimate_size(me, (), 2) == 1.0
+
+
+def test_shortcut_count_and_ttl() -> None:
+    cfg = SmallWorldConfig()
+    assert desired_shortcuts(10, cfg) == 0
+    assert desired_shortcuts(11, cfg) == math.ceil(0.5 * math.log2(11))
+    assert desired_shortcuts(10**6, cfg) == 10
+    assert desired_shortcuts(10**4, cfg) == 7
+    assert ttl_hops(1.0, cfg) == cfg.ttl_min_hops
+    assert ttl_hops(10**6, cfg) == math.ceil(math.log(10**6) ** 3)
+
+
+def test_shortcut_distance_is_log_uniform_either_direction() -> None:
+    rng = random.Random(7)
+    n_hat = 2.0**20
+    me = rng.getrandbits(160)
+    logs, right = [], 0
+    for _ in range(20000):
+        t = draw_shortcut_target(rng, me, n_hat)
+        cw = (t - me) % RING
+        d = cw if cw <= RING // 2 else RING - cw
+        right += cw <= RING // 2
+        # distance drawn on [2^140, 2^160); folded to the short way it stays >= 2^140
+        logs.append(math.log2(max(1, (t - me) % RING if cw <= RING // 2 else d)))
+    assert 0.47 < right / 20000 < 0.53
+    # P(d) ∝ 1/d ⇔ log2 d uniform on [140, 160]: check the deciles of the directed distance
+    rng2 = random.Random(8)
+    from overlay.smallworld.estimate import draw_distance
+
+    xs = sorted(math.log2(draw_distance(rng2, n_hat) or 1) for _ in range(20000))
+    for q in range(1, 10):
+        assert xs[q * 2000] == pytest.approx(140 + 2 * q, abs=0.35)
+    assert xs[0] >= 140 - 1e-9
+
+
+# --------------------------------------------------------------------------- connection table
+def _random_table(rng: random.Random, n: int, near: int = 2) -> tuple[ConnectionTable, list[int]]:
+    me = rng.getrandbits(160)
+    t = ConnectionTable(me, near)
+    ids = [rng.getrandbits(160) for _ in range(n)]
+    for x in ids:
+        t.add(_h(x))
+    return t, ids
+
+
+def test_table_is_clockwise_sorted_and_near_window_is_the_ends() -> None:
+    rng = random.Random(1)
+    t, ids = _random_table(rng, 30)
+    cw = [t.cw(h.id) for h in t.all]
+    assert cw == sorted(cw)
+    by_cw = sorted(ids, key=t.cw)
+    assert [h.id for h in t.right()] == by_cw[:2]
+    assert [h.id for h in t.left()] == by_cw[::-1][:2]
+    assert {h.id for h in t.near_nodes()} == set(by_cw[:2] + by_cw[-2:])
+    # fits_near: exactly the ids that would land in the window
+    for _ in range(200):
+        x = rng.getrandbits(160)
+        d = t.cw(x)
+        assert t.fits_near(x) == (d < t.cw(by_cw[1]) or d > t.cw(by_cw[-2]))
+    # every non-window connection without a shortcut role is surplus
+    assert {h.id for h in t.surplus()} == set(by_cw[2:-2])
+    t.add_out(t.all[5])
+    t.add_in(t.all[6])
+    assert len(t.surplus()) == len(ids) - 6
+    assert t.effective_out() == [t.all[5]]
+    assert not t.add(t.all[3])  # duplicates refused
+    h = t.all[5]
+    assert t.remove(h) and h not in t.out and h not in t
+
+
+def test_next_hop_matches_brute_force_closer_rule() -> None:
+    rng = random.Random(2)
+    for _ in range(20):
+        t, ids = _random_table(rng, rng.randint(1, 40))
+        for _ in range(50):
+            key = rng.getrandbits(160)
+            nh = t.next_hop(key, frozenset(), None)
+            want = _brute_next(t.me, key, ids)
+            assert (nh.id if nh else None) == want
+        # ties: two connections at the same distance on both sides of the key
+        key = rng.getrandbits(160)
+        a, b = _h((key + 5) % RING), _h((key - 5) % RING)
+        t2 = ConnectionTable((key + RING // 2) % RING, 2)
+        t2.add(a)
+        t2.add(b)
+        nh = t2.next_hop(key, frozenset(), None)
+        assert nh is not None and nh.id == min(a.id, b.id)
+
+
+def test_next_hop_skips_bad_and_excluded() -> None:
+    rng = random.Random(3)
+    t, ids = _random_table(rng, 25)
+    key = rng.getrandbits(160)
+    first = t.next_hop(key, frozenset(), None)
+    assert first is not None
+    second = t.next_hop(key, {first}, None)
+    third = t.next_hop(key, frozenset(), {first})
+    assert second == third and second != first
+    rest = [x for x in ids if x != first.id]
+    assert (second.id if second else None) == _brute_next(t.me, key, rest)
+
+
+def test_in_range_is_clockwise_from_owner() -> None:
+    rng = random.Random(4)
+    t, ids = _random_table(rng, 30)
+    b, e = rng.getrandbits(160), rng.getrandbits(160)
+    got = [h.id for h in t.in_range(b, e, frozenset())]
+    assert set(got) == {x for x in ids if (x - b) % RING < (e - b) % RING}
+    assert got == sorted(got, key=t.cw)
+    assert len(t.in_range(b, b, frozenset())) == 30
+
+
+# --------------------------------------------------------------------------- config, wire
+def test_config_validation_and_defaults() -> None:
+    cfg = SmallWorldConfig()
+    assert cfg.near_per_side == 2 and cfg.idle_ping_s == 15.0 and cfg.near_window == 4
+    with pytest.raises(ConfigError):
+        SmallWorldConfig(near_per_side=0)
+    with pytest.raises(ConfigError):
+        SmallWorldConfig(idle_ping_s=0)
+    with pytest.raises(ConfigError):
+        SmallWorldConfig(shortcut_factor=-1)
+    with pytest.raises(ConfigError):
+        SmallWorldConfig(maintenance_interval_s=True)  # type: ignore[arg-type]
+
+
+def test_messages_round_trip_through_the_codec() -> None:
+    from overlay.wire import decode_message, encode_message
+
+    h1, h2 = _h(12345), _h(RING - 7, "udp://127.0.0.1:9")
+    msgs: list[Message] = [
+        JoinRequest(h1, 3),
+        ConnectReply(h1, JOIN, 4, (h1, h2)),
+        Link(NEAR, 5),
+        LinkAck(5),
+        Unlink(SHORTCUT),
+        NearQuery(h2, RIGHT, 2),
+        NearReply(2, (h2,)),
+        RouteMsg(NodeId(99), LINK_APP, ConnectRequest(h1, NodeId(99), SHORTCUT, 6), h2, 1, 0),
+    ]
+    for m in msgs:
+        assert decode_message(encode_message(m)) == m
+
+
+# --------------------------------------------------------------------------- a tiny message pump
+class _Tm:
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class MiniNet:
+    """All cores on one virtual clock; every datagram takes ``delay_s``; dead nodes drop."""
+
+    def __init__(self, seed: int = 0, delay_s: float = 0.01) -> None:
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.delay_s = delay_s
+        self.heap: list[tuple[float, int, _Tm]] = []
+        self.seq = itertools.count()
+        self.cores: list[SmallWorldCore] = []
+        self.dead: set[int] = set()
+
+    def add(self, cfg: SmallWorldConfig | None = None, nid: int | None = None) -> SmallWorldCore:
+        i = len(self.cores)
+        h = NodeHandle(NodeId(nid if nid is not None else self.rng.getrandbits(160)), i)
+        c = SmallWorldCore(_PumpRuntime(self, i), h, cfg)
+        self.cores.append(c)
+        return c
+
+    def at(self, delay: float, fn: Callable[[], None]) -> _Tm:
+        t = _Tm(fn)
+        heapq.heappush(self.heap, (self.now + delay, next(self.seq), t))
+        return t
+
+    def send(self, src: int, dst: Address, msg: Message) -> None:
+        if not isinstance(dst, int) or dst in self.dead:
+            return
+        core, sender = self.cores[dst], self.cores[src].handle
+        self.at(self.delay_s, lambda: None if dst in self.dead else core.receive(sender, msg))
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.heap and self.heap[0][0] <= end:
+            when, _, t = heapq.heappop(self.heap)
+            self.now = when
+            if not t.cancelled:
+                t.fn()
+        self.now = end
+
+    def grow(self, n: int, cfg: SmallWorldConfig | None = None) -> None:
+        for _ in range(n):
+            c = self.add(cfg)
+            live = [x for x in self.cores[:-1] if x.ready and x.handle.address not in self.dead]
+            seeds: list[Address] = [self.rng.choice(live).handle.address] if live else []
+            done: list[bool] = []
+            c.start()
+            c.join(seeds, done.append)
+            self.run(20.0)
+            assert done == [True]
+
+
+class _PumpRuntime:
+    def __init__(self, net: MiniNet, i: int) -> None:
+        self.net, self.i = net, i
+
+    @property
+    def rng(self) -> random.Random:
+        return self.net.rng
+
+    def now(self) -> float:
+        return self.net.now
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> _Tm:
+        i = self.i
+        return self.net.at(delay_s, lambda: None if i in self.net.dead else fn())
+
+    def send(self, dst: NodeHandle, msg: Message) -> None:
+        self.net.send(self.i, dst.address, msg)
+
+    def send_address(self, address: Address, msg: Message) -> None:
+        self.net.send(self.i, address, msg)
+
+
+def _true_near(cores: list[SmallWorldCore], c: SmallWorldCore, k: int = 2) -> set[int]:
+    ids = sorted(x.id for x in cores)
+    i = ids.index(c.id)
+    m = len(ids)
+    return {ids[(i + d) % m] for d in range(-k, k + 1) if d and (i + d) % m != i}
+
+
+def _greedy(cores: list[SmallWorldCore], start: SmallWorldCore, key: int) -> tuple[int, int]:
+    by = {x.handle: x for x in cores}
+    cur, hops = start, 0
+    while (nh := cur.next_hop(NodeId(key))) is not None:
+        cur, hops = by[nh], hops + 1
+        assert hops < 64
+    return cur.id, hops
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 40])
+def test_joins_build_a_consistent_ring_of_any_size(n: int) -> None:
+    net = MiniNet(seed=n)
+    net.grow(n)
+    net.run(30.0)
+    for c in net.cores:
+        assert c.ready
+        assert {h.id for h in c.near_connections()} == _true_near(net.cores, c)
+    ids = [c.id for c in net.cores]
+    for _ in range(100):
+        key = net.rng.getrandbits(160)
+        want = min(ids, key=lambda x: (ring_distance(x, key), x))
+        got, _ = _greedy(net.cores, net.rng.choice(net.cores), key)
+        assert got == want
+    if n == 40:  # N̂ > 10 by now: nodes made shortcuts, none inside their near window
+        assert sum(len(c.shortcuts()) for c in net.cores) > 40
+        for c in net.cores:
+            assert not set(c.shortcuts()) & set(c.near_connections())
+
+
+def test_first_node_is_ready_at_once_and_join_misuse_raises() -> None:
+    rt = ManualRuntime(seed=1)
+    c = SmallWorldCore(rt, _h(42, 0))
+    done: list[bool] = []
+    c.join([], done.append)
+    assert done == [True] and c.ready and rt.sent == []
+    with pytest.raises(OverlayError):
+        c.join([1])
+
+
+def test_join_with_a_silent_seed_fails_after_retries() -> None:
+    net = MiniNet(seed=3)
+    c = net.add(SmallWorldConfig(join_timeout_s=1.0, join_retries=2))
+    net.dead.add(99)
+    done: list[bool] = []
+    c.join([99], done.append)
+    net.run(100.0)
+    assert done == [False] and not c.ready and c.stats["join_retries"] == 2
+
+
+def test_crashed_near_neighbours_are_detected_and_replaced() -> None:
+    net = MiniNet(seed=11)
+    net.grow(30)
+    net.run(30.0)
+    victims = net.rng.sample(net.cores, 6)
+    for v in victims:
+        net.dead.add(v.handle.address)
+        v.stop()
+    net.run(90.0)
+    live = [c for c in net.cores if c.handle.address not in net.dead]
+    gone = {v.handle for v in victims}
+    for c in live:
+        assert not gone & set(c.known_nodes())
+        assert {h.id for h in c.near_connections()} == _true_near(live, c)
+        assert c.stats["connections_lost"] >= 0
+
+
+# --------------------------------------------------------------------------- bad input
+@register(254)
+@attrs.frozen(slots=True)
+class _Alien(Message):
+    x: int
+
+
+class _Sink(BaseApplication):
+    def __init__(self) -> None:
+        self.got: list[object] = []
+
+    def deliver(self, key: NodeId, payload: object, src: NodeHandle) -> None:
+        self.got.append(payload)
+
+
+def test_bad_input_is_dropped_and_counted_never_raised() -> None:
+    rt = ManualRuntime(seed=2)
+    c = SmallWorldCore(rt, _h(1000, 0))
+    c.join([])
+    peer = _h(2000, 1)
+    sink = _Sink()
+    c.register("app", sink)
+    bad: list[Message] = [
+        ConnectReply("junk", SHORTCUT, 1, ()),  # type: ignore[arg-type]
+        ConnectReply(peer, 77, 1, ()),
+        ConnectReply(peer, NEAR, 1, tuple(_h(i) for i in range(100))),
+        ConnectReply(peer, NEAR, 1, ("x",)),  # type: ignore[arg-type]
+        NearReply(0, [peer]),  # type: ignore[arg-type]
+        NearQuery(peer, 9, 0),
+        Link(99, 0),
+        Link(NEAR, "t"),  # type: ignore[arg-type]
+        Unlink(-1),
+        JoinRequest(_h(3000, 5), 1),  # origin is not the sender
+    ]
+    for m in bad:
+        c.receive(peer, m)
+    c.receive(peer, _Alien(1))
+    assert c.stats["dropped_malformed"] == len(bad)
+    assert c.stats["dropped_unknown"] == 1
+    assert len(c.table) == 0  # nothing half-applied
+    # junk under the internal application's name: acked, then stopped (never raised)
+    c.receive(peer, RouteMsg(NodeId(5), LINK_APP, "not a request", peer, 1, 0))
+    assert c.stats["dropped_malformed"] + c.stats["stopped_by_app"] == len(bad) + 1
+    # TTL: a routed message that already took too many hops is dropped and counted
+    c.receive(peer, RouteMsg(NodeId(5), "app", "p", peer, 2, c.ttl() + 1))
+    assert c.stats["ttl_expired"] == 1 and sink.got == []
+    c.receive(peer, RouteMsg(NodeId(5), "app", "ok", peer, 3, 1))
+    assert sink.got == ["ok"]

@@ -1,0 +1,232 @@
+"""Sign and verify envelopes with Ed25519; an anti-replay window per sender (DESIGN §2.7).
+
+Theory of operation:
+
+* **Signing.** A :class:`Signer` holds one Ed25519 private key (``cryptography``) and stamps each
+  outgoing envelope with its 32-byte public key, a sequence number and an Ed25519 signature over
+  :meth:`transports.codec.Envelope.signed_bytes`. The receiver derives the sender's identity from
+  the key it verified (``sender_hash`` = SHA-1 of the raw public key, the self-certifying NodeId
+  of DESIGN §2.1), so a peer cannot speak under an id it holds no key for.
+* **Replay window.** Sequence numbers are microseconds of wall-clock time, forced strictly
+  increasing per signer (like the TAI64N timestamps of WireGuard's handshake). A
+  :class:`Verifier` keeps, per sender key, the highest number seen and the set of numbers seen
+  within the last ``window_s`` seconds below it — a time-based variant of the IPsec sliding window
+  (RFC 4303 §3.4.3), which tolerates datagram reordering across the window while rejecting every
+  exact replay. An envelope from a sender the table does not hold (never seen, or evicted from
+  the bounded LRU table) must carry a timestamp within ``max_skew_s`` of our clock, so old
+  captures cannot be replayed after eviction.
+* **Signing off.** ``Signer(None, claimed_id=...)`` produces unsigned envelopes carrying a claimed
+  20-byte id; a ``Verifier(require_signatures=True)`` (the default) drops them as ``unsigned``.
+  Turning signatures off is an explicit choice on both ends (it exists for the comparison with
+  kademlia, which authenticates nothing).
+
+* **Destination binding.** The signed envelope names the receiver's id when the sender knows it;
+  a Verifier given ``own_id`` drops frames signed for someone else (``misdirected``), so a frame
+  captured on its way to one node cannot be replayed to another.
+
+Counters: ``unsigned``, ``forged``, ``replayed``, ``stale``, ``misdirected``, ``accepted``
+(+ the codec's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+
+import attrs
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from transports.codec import DEFAULT_LIMITS, Codec, Limits, pack_envelope, signed_bytes
+from transports.errors import TransportConfigError
+
+__all__ = ["Opened", "Signer", "Verifier", "key_hash", "public_bytes"]
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+def public_bytes(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """The raw 32-byte Ed25519 public key."""
+    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return pub.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def key_hash(public: bytes) -> bytes:
+    """SHA-1 of a raw public key: the 20-byte self-certifying id."""
+    return hashlib.sha1(public).digest()
+
+
+@attrs.frozen(slots=True)
+class Opened:
+    """A verified (or, with signatures off, accepted) envelope."""
+
+    sender_hash: bytes  # 20 bytes: SHA-1(public key), or the claimed id when unsigned
+    sender_key: bytes | None  # 32-byte public key when signed
+    seq: int
+    reply_to: str
+    to: bytes | None  # the receiver id the sender meant (checked by the Verifier), or None
+    body: bytes
+
+
+class Signer:
+    """Seals outgoing envelopes with one key (or, with ``key=None``, leaves them unsigned)."""
+
+    def __init__(
+        self,
+        key: Ed25519PrivateKey | None,
+        *,
+        claimed_id: bytes | None = None,
+        clock_us: Callable[[], int] = _wall_us,
+    ) -> None:
+        self._key = key
+        self._clock = clock_us
+        if key is not None:
+            self.sender = public_bytes(key)
+            self.sender_hash = key_hash(self.sender)
+        else:
+            if claimed_id is None or len(claimed_id) != 20:
+                raise TransportConfigError("an unsigned Signer needs claimed_id (20 bytes)")
+            self.sender = claimed_id
+            self.sender_hash = claimed_id
+        self._seq = 0
+
+    @property
+    def signing(self) -> bool:
+        return self._key is not None
+
+    def next_seq(self) -> int:
+        s = max(self._seq + 1, self._clock())
+        self._seq = s
+        return s
+
+    def seal(self, reply_to: str, body: bytes, to: bytes | None = None) -> bytes:
+        """One envelope carrying ``body`` for receiver id ``to`` (None: unknown), signed."""
+        seq = self.next_seq()
+        sig = None
+        if self._key is not None:
+            sig = self._key.sign(signed_bytes(self.sender, seq, reply_to, to, body))
+        return pack_envelope(self.sender, seq, reply_to, to, body, sig)
+
+
+class _Window:
+    """Replay state of one sender: everything <= ``floor`` is refused, ``recent`` holds the
+    numbers accepted above it (a short list: a peer sends us a few frames per window)."""
+
+    __slots__ = ("floor", "highest", "recent")
+
+    def __init__(self) -> None:
+        self.highest = -1
+        self.floor = -1
+        self.recent: list[int] = []
+
+
+#: Ed25519 public-key objects by raw bytes, shared by every Verifier in the process (public data;
+#: an OpenSSL key object costs ~1 KiB, so one per (node, peer) pair would dominate a swarm).
+_KEYS: OrderedDict[bytes, Ed25519PublicKey] = OrderedDict()
+_KEYS_MAX = 65536
+
+
+def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+    k = _KEYS.get(raw)
+    if k is not None:
+        return k
+    try:
+        k = Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+    _KEYS[raw] = k
+    if len(_KEYS) > _KEYS_MAX:
+        _KEYS.popitem(last=False)
+    return k
+
+
+class Verifier:
+    """Opens incoming envelopes: limits, signature, replay window. Never raises."""
+
+    def __init__(
+        self,
+        *,
+        require_signatures: bool = True,
+        window_s: float = 30.0,
+        max_skew_s: float | None = 600.0,
+        max_senders: int = 65536,
+        max_seen_per_sender: int = 64,
+        own_id: bytes | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        clock_us: Callable[[], int] = _wall_us,
+    ) -> None:
+        self.require_signatures = require_signatures
+        self.codec = Codec(limits)
+        self.counters: Counter[str] = self.codec.counters
+        self._window_us = int(window_s * 1e6)
+        self._skew_us = None if max_skew_s is None else int(max_skew_s * 1e6)
+        self._max_senders = max_senders
+        self._max_seen = max_seen_per_sender
+        self._clock = clock_us
+        self.own_id = own_id
+        self._windows: OrderedDict[bytes, _Window] = OrderedDict()
+
+    def _replay_ok(self, sender: bytes, seq: int) -> bool:
+        w = self._windows.get(sender)
+        if w is None:
+            if self._skew_us is not None and abs(seq - self._clock()) > self._skew_us:
+                self.counters["stale"] += 1
+                return False
+            w = self._windows[sender] = _Window()
+            if len(self._windows) > self._max_senders:
+                self._windows.popitem(last=False)
+        else:
+            self._windows.move_to_end(sender)
+        recent = w.recent
+        if seq <= w.floor or seq in recent:
+            self.counters["replayed"] += 1
+            return False
+        recent.append(seq)
+        if seq > w.highest:
+            w.highest = seq
+            w.floor = max(w.floor, seq - self._window_us)
+        if len(recent) > self._max_seen or recent[0] <= w.floor:
+            recent.sort()
+            drop = max(len(recent) - self._max_seen, 0)
+            while drop < len(recent) and recent[drop] <= w.floor:
+                drop += 1
+            if drop:
+                w.floor = max(w.floor, recent[drop - 1])  # evicted: nothing below may return
+                del recent[:drop]
+        return True
+
+    def open(self, data: bytes) -> Opened | None:
+        """Return the verified contents of one frame, or None (and a counter says why)."""
+        env = self.codec.unpack_envelope(data)
+        if env is None:
+            return None
+        if env.signature is None:
+            if self.require_signatures:
+                self.counters["unsigned"] += 1
+                return None
+            if len(env.sender) != 20:
+                self.counters["bad_envelope"] += 1
+                return None
+            self.counters["accepted"] += 1
+            return Opened(env.sender, None, env.seq, env.reply_to, env.to, env.body)
+        if env.to is not None and self.own_id is not None and env.to != self.own_id:
+            self.counters["misdirected"] += 1
+            return None
+        pub = _public_key(env.sender)
+        if pub is None:
+            self.counters["forged"] += 1
+            return None
+        try:
+            pub.verify(env.signature, env.signed_bytes())
+        except InvalidSignature:
+            self.counters["forged"] += 1
+            return None
+        if not self._replay_ok(env.sender, env.seq):
+            return None
+        self.counters["accepted"] += 1
+        return Opened(key_hash(env.sender), env.sender, env.seq, env.reply_to, env.to, env.body)

@@ -1,0 +1,16 @@
+"""The root of flockring's exception hierarchy, kept on the lowest floor.
+
+Transports sit below ``overlay`` and may not import it (DESIGN §1), yet every error the library
+raises must be catchable as ``overlay.OverlayError`` (DESIGN §3). So the root class lives here
+and ``overlay.errors`` re-exports it under that pinned name.
+"""
+
+from __future__ import annotations
+
+
+class OverlayError(Exception):
+    """Base class of every flockring error (re-exported as ``overlay.OverlayError``)."""
+
+
+class TransportConfigError(OverlayError, ValueError):
+    """A transport was configured or called with a value out of its documented range."""
