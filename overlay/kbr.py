@@ -36,7 +36,7 @@ from overlay.errors import (
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
 from overlay.messages import Message, register
-from overlay.proximity import Ping, Pong, Proximity, ProximityConfig
+from overlay.proximity import Liveness, Ping, Pong, Proximity, ProximityConfig
 from overlay.runtime import Runtime, Timer
 
 log = logging.getLogger(__name__)
@@ -310,6 +310,22 @@ class KbrCore(abc.ABC):
     def notify_update(self, h: NodeHandle, joined: bool) -> None:
         for a in self.apps.values():
             a.update(h, joined)
+
+    # ------------------------------------------------------------ proximity (DESIGN §2.5)
+    def probe(
+        self, handle: NodeHandle, callback: Callable[[float | None], None] | None = None
+    ) -> None:
+        """Ping ``handle``: ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is
+        declared DEAD after the probe retries. One probe per peer in flight; callers share it."""
+        self.prox.probe(handle, callback)
+
+    def liveness(self) -> dict[NodeHandle, Liveness]:
+        """UNKNOWN/ALIVE/SUSPECTED/DEAD of every peer this node tracks."""
+        return self.prox.liveness_table()
+
+    def rtt(self, handle: NodeHandle) -> float | None:
+        """Minimum RTT measured to ``handle`` in seconds (the PNS metric); None if never."""
+        return self.prox.rtt(handle)
 
     # ------------------------------------------------------------ routing engine
     def _mark_seen(self, msg: RouteMsg) -> bool:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId, ring_distance
-from overlay.kbr import BaseApplication
+from overlay.kbr import BaseApplication, DirectMsg
 from overlay.multicast_api import (
     BUILTIN_AGGREGATORS,
     Aggregator,
@@ -67,8 +67,8 @@ from overlay.multicast_ranges import (
     intersect,
     normalize,
     region_to_cw,
-    region_width,
 )
+from overlay.multicast_tree import inside_region, partition, region_members
 from overlay.runtime import Timer
 
 if TYPE_CHECKING:
@@ -315,10 +315,10 @@ class Multicast(BaseApplication):
         )
 
     def estimate_size(self) -> int:
-        """Ring-size estimate from the spread of the nearest ring neighbours (cached 60 s)."""
+        """Ring-size estimate from the spread of the nearest ring neighbours (cached 300 s)."""
         now = self.core.runtime.now()
         est = self._estimate
-        if est is not None and now - est[0] < 60.0:
+        if est is not None and now - est[0] < 300.0:
             return est[1]
         nb = self.core.neighbor_set(self.config.estimate_neighbors)
         me = self.core.id

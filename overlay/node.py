@@ -48,6 +48,8 @@ from overlay.identity import Identity
 from overlay.ids import NodeId
 from overlay.kbr import KbrCore
 from overlay.messages import Message, register
+from overlay.multicast import Multicast
+from overlay.multicast import attach as attach_multicast
 from overlay.wire import Wire, WireError, encode_message, intern_handle
 from transports.address import AddressError, parse_address
 from transports.auth import Signer, Verifier
@@ -399,6 +401,8 @@ class Node:
         self._wire = Wire(lim)
         self._counters: Counter[str] = Counter()
         self._core: KbrCore | None = None
+        #: the multicast/aggregation application on this node's core (set on entry)
+        self.multicast: Multicast | None = None
         self._runtime: _TrioRuntime | None = None
         self._nursery_cm: Any = None
         self._scope: trio.CancelScope | None = None
@@ -511,6 +515,8 @@ class Node:
         self._runtime = runtime
         core = self._make_core(runtime)
         core.register(LOOKUP_APP, _LookupApp(self))
+        # every live node takes part in multicast trees (aggregation for discovery queries)
+        self.multicast = attach_multicast(core)
         self._core = core
         self._started_at = trio.current_time()
         self._nursery_cm = trio.open_nursery()

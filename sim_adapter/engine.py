@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+
+class Owner(Protocol):
+    """Whatever owns a timer: its callback runs only while ``alive`` is true."""
+
+    alive: bool
 
 
 class EngineTimer:
-    """A cancellable scheduled callback (the simulator's ``Timer``)."""
+    """A cancellable scheduled callback (the simulator's ``Timer``).
 
-    __slots__ = ("cancelled", "fn", "guard")
+    ``owner`` (a simulated node) is checked when the timer fires, so a crashed node's timers
+    fall silent without anyone having to cancel them; storing the owner object rather than a
+    guard closure keeps a timer to one small allocation.
+    """
 
-    def __init__(self, fn: Callable[[], None], guard: Callable[[], bool] | None) -> None:
+    __slots__ = ("cancelled", "fn", "owner")
+
+    def __init__(self, fn: Callable[[], None], owner: Owner | None) -> None:
         self.fn = fn
-        self.guard = guard
+        self.owner = owner
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -32,7 +43,8 @@ class EngineTimer:
         if self.cancelled:
             return
         self.cancelled = True
-        if self.guard is None or self.guard():
+        owner = self.owner
+        if owner is None or owner.alive:
             self.fn()
 
 
@@ -54,9 +66,9 @@ class Engine:
         heapq.heappush(self._heap, (when, self._seq, fn, args))
 
     def call_later(
-        self, delay_s: float, fn: Callable[[], None], guard: Callable[[], bool] | None = None
+        self, delay_s: float, fn: Callable[[], None], owner: Owner | None = None
     ) -> EngineTimer:
-        t = EngineTimer(fn, guard)
+        t = EngineTimer(fn, owner)
         self._seq += 1
         heapq.heappush(self._heap, (self.now + max(0.0, delay_s), self._seq, t.fire, ()))
         return t

@@ -63,26 +63,25 @@ class SimNode:
 
 
 class SimRuntime:
-    """The Runtime a simulated core sees."""
+    """The Runtime a simulated core sees (one small object per node)."""
 
-    __slots__ = ("index", "net")
+    __slots__ = ("engine", "index", "net", "node")
 
     def __init__(self, net: Network, index: int) -> None:
         self.net = net
+        self.engine = net.engine
         self.index = index
+        self.node: SimNode | None = None  # set once the SimNode exists
 
     @property
     def rng(self) -> random.Random:
         return self.net.rng
 
     def now(self) -> float:
-        return self.net.engine.now
+        return self.engine.now
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> EngineTimer:
-        return self.net.engine.call_later(delay_s, fn, self._alive)
-
-    def _alive(self) -> bool:
-        return self.net.nodes[self.index].alive
+        return self.engine.call_later(delay_s, fn, self.node)
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
         self.net._send(self.index, dst.address, msg)
@@ -180,7 +179,8 @@ class Network:
         self.dropped_loss = 0
         self.dropped_partition = 0
         self.dropped_dead = 0
-        self.msg_by_type: Counter[str] = Counter()
+        self._by_class: dict[type[Message], int] = {}
+        self.duplicate_deliveries = 0
         self._encode: Callable[[Message], bytes] | None = None
         if codec:
             from overlay.wire import encode_message
@@ -191,6 +191,11 @@ class Network:
     @property
     def now(self) -> float:
         return self.engine.now
+
+    @property
+    def msg_by_type(self) -> Counter[str]:
+        """Messages sent so far, by message class name."""
+        return Counter({t.__name__: n for t, n in self._by_class.items()})
 
     def live_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes if n.alive]
@@ -207,7 +212,9 @@ class Network:
     # ------------------------------------------------------------------ transport
     def _send(self, src: int, dst: Address, msg: Message) -> None:
         self.message_count += 1
-        self.msg_by_type[type(msg).__name__] += 1
+        by = self._by_class
+        t = type(msg)
+        by[t] = by.get(t, 0) + 1
         if self._encode is not None:
             self.bytes_sent += len(self._encode(msg))
         if not isinstance(dst, int) or not 0 <= dst < len(self.nodes):
@@ -242,10 +249,12 @@ class Network:
             raise OverlayError(f"id {nid} is already in the network")
         handle = NodeHandle(nid, index)
         self.latency.place(index, self.rng)
-        core = cls(SimRuntime(self, index), handle, config if config is not None else default_cfg())
+        runtime = SimRuntime(self, index)
+        core = cls(runtime, handle, config if config is not None else default_cfg())
         core.register(LOOKUP_APP, _LookupApp(self, nid))
         attach_multicast(core)
         node = SimNode(index, handle, core)
+        runtime.node = node
         self.nodes.append(node)
         self._by_id[int(nid)] = node
         return node
@@ -374,7 +383,7 @@ class Network:
         if st is None:
             return
         if st.done:
-            self.msg_by_type["sim.duplicate_delivery"] += 1
+            self.duplicate_deliveries += 1
             return
         st.done = True
         st.result = at

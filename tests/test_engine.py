@@ -18,12 +18,16 @@ def test_events_run_in_time_then_fifo_order() -> None:
     assert e.events == 4
 
 
-def test_cancel_guard_and_stop() -> None:
+def test_cancel_owner_and_stop() -> None:
     e = Engine()
     seen: list[int] = []
     t = e.call_later(1.0, lambda: seen.append(1))
     t.cancel()
-    e.call_later(2.0, lambda: seen.append(2), guard=lambda: False)
+
+    class Dead:
+        alive = False
+
+    e.call_later(2.0, lambda: seen.append(2), owner=Dead())
 
     def stopper() -> None:
         seen.append(3)

@@ -215,3 +215,20 @@ def test_garbage_into_live_nodes_is_counted_and_harmless() -> None:
     assert sum(x.core.stats["dropped_malformed"] for x in nodes) == 100
     ok, _ = _lookups(net, nodes, 500, seed=11)
     assert ok == 1.0
+
+
+def test_shrinking_ring_trims_surplus_shortcuts_and_stays_correct() -> None:
+    net = Network(seed=12)
+    nodes = net.spawn(800, overlay="smallworld", build="oracle")
+    net.run(20.0)
+    rng = random.Random(12)
+    net.crash(rng.sample(nodes, 600))
+    net.run(120.0)
+    live = [x for x in nodes if x.alive]
+    cfg = SmallWorldConfig()
+    for x in live:
+        c = _core(x)
+        assert len(c.shortcuts()) <= desired_shortcuts(c.n_hat, cfg) + cfg.shortcut_slack
+    assert _wrong_near(nodes) == 0
+    ok, _ = _lookups(net, nodes, 1000, seed=12)
+    assert ok == 1.0

@@ -419,3 +419,16 @@ def test_bad_input_is_dropped_and_counted_never_raised() -> None:
     assert c.stats["ttl_expired"] == 1 and sink.got == []
     c.receive(peer, RouteMsg(NodeId(5), "app", "ok", peer, 3, 1))
     assert sink.got == ["ok"]
+
+
+def test_an_isolated_node_rejoins_through_its_seed() -> None:
+    net = MiniNet(seed=21)
+    net.grow(6)
+    net.run(20.0)
+    b = net.cores[3]
+    for h in list(b.known_nodes()):  # as if every connection had been declared DEAD
+        b.table.remove(h)
+    assert len(b.table) == 0
+    net.run(30.0)
+    assert b.stats["rejoins"] >= 1
+    assert {h.id for h in b.near_connections()} == _true_near(net.cores, b)

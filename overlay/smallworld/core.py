@@ -168,9 +168,17 @@ class SmallWorldCore(KbrCore):
         """Join through ``seeds``; an empty list starts a new ring (ready at once)."""
         _join.begin(self, seeds, on_done)
 
-    def mark_built(self) -> None:
-        """The oracle installed our table: we are a joined, ready node (nothing was sent)."""
+    def rejoin(self) -> None:
+        """Ask the original seeds again (an isolated node whose connections all failed)."""
+        _join.rejoin(self)
+
+    def mark_built(self, seeds: tuple[Address, ...] = ()) -> None:
+        """The oracle installed our table: we are a joined, ready node (nothing was sent).
+
+        ``seeds`` are the bootstrap addresses kept for a rejoin should we ever be isolated.
+        """
         self.ready = True
+        self._seeds = seeds
         self._started_at = self.runtime.now()
         if self._join is not None:
             _join.cancel(self)

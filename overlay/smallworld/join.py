@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
 from overlay.runtime import Timer
+from overlay.smallworld import maintenance
 from overlay.smallworld.messages import JoinRequest
 
 if TYPE_CHECKING:
@@ -43,11 +44,17 @@ log = logging.getLogger(__name__)
 class JoinState:
     """Progress of one join (allocated only while joining)."""
 
-    __slots__ = ("attempt", "linking", "on_done", "pending", "seeds", "timer", "token")
+    __slots__ = ("attempt", "linking", "offset", "on_done", "pending", "seeds", "timer", "token")
 
-    def __init__(self, seeds: tuple[Address, ...], on_done: Callable[[bool], None] | None) -> None:
+    def __init__(
+        self,
+        seeds: tuple[Address, ...],
+        on_done: Callable[[bool], None] | None,
+        offset: int = 0,
+    ) -> None:
         self.seeds = seeds
         self.on_done = on_done
+        self.offset = offset  # index of the first seed tried: rejoins start at a random one
         self.attempt = 0
         self.token = 0
         self.linking = False
@@ -79,7 +86,8 @@ def rejoin(core: SmallWorldCore) -> None:
     if core._join is not None or not core._seeds or core.stopped:
         return
     core.stats["rejoins"] += 1
-    core._join = JoinState(core._seeds, None)
+    seeds = core._seeds
+    core._join = JoinState(seeds, None, core.runtime.rng.randrange(len(seeds)))
     _attempt(core)
 
 
@@ -87,7 +95,7 @@ def _attempt(core: SmallWorldCore) -> None:
     st = core._join
     assert st is not None
     st.token = core.next_token()
-    seed = st.seeds[st.attempt % len(st.seeds)]
+    seed = st.seeds[(st.offset + st.attempt) % len(st.seeds)]
     core.runtime.send_address(seed, JoinRequest(core.handle, st.token))
     token = st.token
     delay = core.config.join_timeout_s * (2**st.attempt)
@@ -147,8 +155,6 @@ def _link_timeout(core: SmallWorldCore, token: int) -> None:
 
 
 def _finish(core: SmallWorldCore, ok: bool) -> None:
-    from overlay.smallworld import maintenance
-
     st = core._join
     core._join = None
     if st is None:

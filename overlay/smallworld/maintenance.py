@@ -49,10 +49,8 @@ if TYPE_CHECKING:
 def tick(core: SmallWorldCore) -> None:
     if not core.ready:
         return
-    from overlay.smallworld import join as _join
-
     if not len(core.table):
-        _join.rejoin(core)
+        core.rejoin()  # isolated: every connection failed; ask the seeds again
         return
     now = core.runtime.now()
     check_shortcuts(core)
@@ -93,14 +91,23 @@ def check_shortcuts(core: SmallWorldCore) -> None:
 
 
 def ping_idle(core: SmallWorldCore, now: float) -> None:
-    """Probe every connection silent for ``idle_ping_s`` (Brunet edge keep-alive)."""
+    """Probe every connection silent for ``idle_ping_s`` (Brunet edge keep-alive).
+
+    A connection we never exchanged a probe with has no liveness record yet; it counts as
+    heard at a point staggered across one idle period before our start (by its position in
+    the table), so that a freshly built node — or a whole oracle-built network — spreads its
+    first round of pings over three ticks instead of firing them all at once. Fewer probes in
+    flight per node keep the probe tables and the event queue small at 10^6 nodes.
+    """
     limit = core.config.idle_ping_s
     prox = core.prox
     peers = prox.peers
     started = core._started_at
-    for h in core.table.all:
+    conns = core.table.all
+    step = limit / len(conns) if conns else 0.0
+    for i, h in enumerate(conns):
         p = peers.get(h)
-        last = p.last_heard if p is not None else started
+        last = p.last_heard if p is not None else started - i * step
         if now - last >= limit:
             core.stats["idle_pings"] += 1
             prox.probe(h)

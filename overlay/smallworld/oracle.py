@@ -13,7 +13,9 @@ converges to, without sending a message:
   would end). As in the protocol, a draw that lands on the node itself or inside its near
   window is wasted and redrawn; a repeat of an existing shortcut too;
 * every shortcut is also installed as an *incoming* connection on the node it reached
-  (connections are bidirectional).
+  (connections are bidirectional);
+* every node gets the same short list of bootstrap addresses as its seeds, so that a node
+  whose connections all fail later can rejoin, as a joined node would through its seeds.
 
 Memory is what limits 10^6 nodes, so the shortcut graph is built in flat ``array('l')`` edge
 lists (CSR form) and each node's table ends as three tuples of shared handles. ``rtt_s`` is
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 
 #: attempts per wanted shortcut before the oracle gives up on a node (tiny rings only).
 _DRAWS_PER_SHORTCUT = 8
+#: size of the shared bootstrap (seed) list given to oracle-built nodes.
+_BOOTSTRAP = 8
 
 
 def build_oracle(
@@ -102,6 +106,12 @@ def build_oracle(
             fill[j] += 1
     del fill
 
+    # ---- bootstrap list: every node is configured with the same few well-known addresses
+    # (how deployments hand out seeds); an isolated node rejoins through them. One shared
+    # tuple, so it costs nothing per node.
+    boot_rng = order[0].runtime.rng
+    boot = tuple(handles[j].address for j in boot_rng.sample(range(n), min(_BOOTSTRAP, n)))
+
     # ---- install the tables
     for i, core in enumerate(order):
         k = core.config.near_per_side
@@ -121,4 +131,4 @@ def build_oracle(
             tuple(handles[j] for j in outs),
             tuple(handles[j] for j in ins),
         )
-        core.mark_built()
+        core.mark_built(boot)
