@@ -114,6 +114,10 @@ class KbrConfig:
     max_reroutes: int = 6
     #: remembered (origin, msg_id) pairs, for duplicate suppression.
     dedupe_window: int = 1024
+    #: safety net against routing loops (inconsistent state during churn): a message that has
+    #: taken more hops is dropped and counted as ``ttl_expired``. Pastry needs ~log16 N hops and
+    #: greedy small-world routing O(log^2 N); 128 is far beyond both at 10^6 nodes.
+    max_hops: int = 128
 
 
 class _Hop:
@@ -212,6 +216,7 @@ class KbrCore(abc.ABC):
     def stop(self) -> None:
         """Stop answering and cancel timers the base owns (subclasses extend)."""
         self.stopped = True
+        self.prox.stop()
         for hop in self._pending.values():
             if hop.timer is not None:
                 hop.timer.cancel()
@@ -428,6 +433,9 @@ class KbrCore(abc.ABC):
             self.stats["duplicates"] += 1
             return
         self._learn(src)
+        if msg.hops > self.kbr_config.max_hops:
+            self.stats["ttl_expired"] += 1
+            return
         self._step(msg, None)
 
     def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:

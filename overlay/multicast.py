@@ -11,6 +11,8 @@ Vishnevsky et al.'s self-organising trees):
   A node whose sub-region holds no other node it knows is a leaf (PonD §2.3). The
   counter-clockwise tree mirrors this: n_j gets (n_{j+1}, n_j] (PonD §3.1.4). Nothing is kept
   between queries: the tree is rebuilt from routing state every time, so it follows churn.
+  The partition itself is two pure functions in :mod:`overlay.multicast_tree`, shared with the
+  simulator's analytic mode (``sim_adapter.fastquery``), so both build the same tree.
 * **Map-reduce.** Each node maps locally (``Aggregator.map``), sends the query to its children,
   reduces their answers into its own (``Aggregator.reduce``) and answers its parent **once**
   (PonD §3.1.2). If the reduction declares itself done (``Aggregator.done``, the First-Fit mode
@@ -37,18 +39,23 @@ Vishnevsky et al.'s self-organising trees):
   so one crash rarely hides a node from both.
 * **Cost.** Per edge: one query, one ack, one reply; O(1) bytes for a fixed-size value plus one
   id pair per missing range (PonD §4.1). One timer per internal node per query, none on leaves.
+  The messages are top-level wire messages (no ``DirectMsg`` wrapper); :func:`attach` installs
+  their handlers once per core class. A leaf remembers its answer as a tuple of plain values
+  keyed by ints, which the cyclic GC does not track.
 """
 
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId, ring_distance
-from overlay.kbr import BaseApplication, DirectMsg
+from overlay.kbr import BaseApplication
+from overlay.messages import Message
 from overlay.multicast_api import (
     BUILTIN_AGGREGATORS,
     Aggregator,
@@ -97,6 +104,9 @@ _EPS = 1e-9
 
 
 _SENT, _ACKED, _ANSWERED, _FAILED = 0, 1, 2, 3
+
+#: a leaf's remembered answer (value, missing, nodes), re-sent when its parent retransmits
+_Cached = tuple[Any, tuple[Range, ...], int]
 
 
 class _Child:
@@ -204,7 +214,9 @@ class Multicast(BaseApplication):
         self.config = config if config is not None else self.default_config
         self._aggs: dict[str, Aggregator] | None = None
         self._sessions: dict[int, _Session] = _NO_SESSIONS
-        self._recent: dict[tuple[NodeHandle, int, int], McReply | None] | None = None
+        #: (parent id, token, slot) of recent queries -> None (internal node: re-ack a
+        #: duplicate) or a leaf's answer (value, missing, nodes), re-sent on a duplicate
+        self._recent: dict[tuple[int, int, int], _Cached | None] | None = None
         self._token = 0
         self._estimate: tuple[float, int] | None = None
         #: dissemination listeners: ``fn(payload)`` for every :meth:`broadcast` reaching us.
@@ -334,6 +346,8 @@ class Multicast(BaseApplication):
 
     # ------------------------------------------------------------------ KBR upcall
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """Multicast messages arrive as top-level messages through the handlers that
+        :func:`attach` installs; this upcall serves peers that wrap them in a ``DirectMsg``."""
         t = type(payload)
         if t is McReply:
             self._on_reply(src, payload)
@@ -407,7 +421,10 @@ class Multicast(BaseApplication):
     # ------------------------------------------------------------------ child side
     def _on_query(self, src: NodeHandle, q: McQuery) -> None:
         core = self.core
-        key = (src, q.token, q.slot)
+        send = core.runtime.send
+        # plain ints only: the key (and a leaf's cached answer) are then not tracked by the
+        # cyclic GC, which otherwise rescans every remembered entry of every node
+        key = (int(src.id), q.token, q.slot)
         recent = self._recent
         if recent is None:
             recent = self._recent = {}
@@ -415,56 +432,55 @@ class Multicast(BaseApplication):
             core.stats["multicast_duplicates"] += 1
             cached = recent[key]
             if cached is not None:
-                core.send_direct(src, MULTICAST_APP, cached)
+                send(src, McReply(q.token, q.slot, cached[0], cached[1], 0, cached[2], False, 0))
             elif self.config.acks:
-                core.send_direct(src, MULTICAST_APP, McAck(q.token, q.slot))
+                send(src, McAck(q.token, q.slot))
             return
         recent[key] = None
         if len(recent) > self.config.dedupe_window:
             del recent[next(iter(recent))]
-        a = self.aggregator(q.agg)
-        if a is None:  # cannot evaluate here: say so, never drop silently
-            core.stats["multicast_unknown_aggregator"] += 1
-            lo, hi = region_to_cw(q.direction, q.begin, q.end)
-            miss = ((NodeId(lo), NodeId(hi)),)
-            rep = McReply(q.token, q.slot, None, miss, 0, 0, False, 0)
-            recent[key] = rep
-            core.send_direct(src, MULTICAST_APP, rep)
-            return
+        aggs = self._aggs
+        a = aggs.get(q.agg) if aggs is not None else None
+        if a is None:
+            a = BUILTIN_AGGREGATORS.get(q.agg)
+            if a is None:  # cannot evaluate here: say so, never drop silently
+                core.stats["multicast_unknown_aggregator"] += 1
+                lo, hi = region_to_cw(q.direction, q.begin, q.end)
+                miss = ((NodeId(lo), NodeId(hi)),)
+                recent[key] = (None, miss, 0)
+                send(src, McReply(q.token, q.slot, None, miss, 0, 0, False, 0))
+                return
         d, b, e = q.direction, q.begin, q.end
         me = core.id
-        inside = b == me or in_region(d, me, b, e)
+        inside = b == me or inside_region(d, me, b, e)
         value: Any = None
         pts: list[NodeHandle] | None = None
         if inside:
             value = a.map(self, q.arg)
             if q.avoid is None and b == me:
                 # the common case: a leaf has no known node in its sub-region
-                if d > 0:
-                    pts = core.known_in_range(b, e)
-                else:
-                    pts = core.known_in_range(NodeId((e + 1) % RING), NodeId((b + 1) % RING))
+                pts = region_members(core, d, b, e)
                 if not pts:
-                    rep = McReply(q.token, q.slot, value, (), 0, 1, False, 0)
-                    recent[key] = rep
-                    core.send_direct(src, MULTICAST_APP, rep)
+                    recent[key] = (value, (), 1)
+                    send(src, McReply(q.token, q.slot, value, (), 0, 1, False, 0))
                     return
         s = self._new_session(q.qid, q.agg, a, q.arg)
         # ring-size estimates from 4 neighbours are noisy (a few times either way); the larger
         # of ours and the one handed down errs towards longer budgets, never cut subtrees
-        s.direction, s.level_s, s.n_est = d, q.level_s, max(q.n_est, self.estimate_size())
+        n_est = self.estimate_size()
+        s.direction, s.level_s, s.n_est = d, q.level_s, n_est if n_est > q.n_est else q.n_est
         s.parent, s.p_token, s.p_slot = src, q.token, q.slot
         s.t0 = now = core.runtime.now()
         s.answer_by = now + q.budget_s
         if inside:
             s.acc, s.nodes = value, 1
-        if s.acc is not None and a.done(q.arg, s.acc):
+        if value is not None and a.done(q.arg, value):
             s.early = True
         else:
             self._dispatch(s, b, e, q.avoid, q.ttl, pts)
         if s.pending and not s.early and self.config.acks:
             # only nodes that must wait acknowledge: a leaf's immediate answer is its ack
-            core.send_direct(src, MULTICAST_APP, McAck(q.token, q.slot))
+            send(src, McAck(q.token, q.slot))
         self._settle(s)
 
     def _new_session(self, qid: int, name: str, a: Aggregator, arg: Any) -> _Session:
@@ -488,50 +504,17 @@ class Multicast(BaseApplication):
         core = self.core
         d = s.direction
         if pts is None:
-            if d > 0:
-                pts = core.known_in_range(b, e)
-            else:
-                pts = core.known_in_range(NodeId((e + 1) % RING), NodeId((b + 1) % RING))
-        bad = core.prox.bad
-        if avoid is not None or bad:
-            pts = [h for h in pts if h.id != avoid and h not in bad]
+            pts = region_members(core, d, b, e, avoid)
         me = core.id
         if not pts:
-            if b == me or in_region(d, me, b, e):
+            if b == me or inside_region(d, me, b, e):
                 return  # only this node: a leaf
             self._relay(s, b, e, avoid, ttl)
             return
-        if d > 0:
-            pts.sort(key=lambda h: (h.id - b) % RING)
-        else:
-            pts.sort(key=lambda h: (b - h.id) % RING)
-        inside = b == me or in_region(d, me, b, e)
-        starts: list[NodeHandle | None]
-        if inside:
-            my = (me - b) % RING if d > 0 else (b - me) % RING
-            # starts of the segments in tree order; None marks this node's own segment
-            starts = []
-            placed = False
-            for h in pts:
-                if not placed:
-                    hd = (h.id - b) % RING if d > 0 else (b - h.id) % RING
-                    if hd > my:
-                        starts.append(None)
-                        placed = True
-                starts.append(h)
-            if not placed:
-                starts.append(None)
-        else:
-            starts = [*pts]
-        n = len(starts)
-        for j in range(n):
-            c = starts[j]
-            if c is None:
-                continue
-            sb = b if j == 0 else c.id
-            nxt = starts[j + 1] if j + 1 < n else None
-            se = e if j + 1 == n else (me if nxt is None else nxt.id)
-            self._send_child(s, c, sb, se, None, self.config.relay_ttl)
+        send_child = self._send_child
+        ttl = self.config.relay_ttl
+        for c, sb, se in partition(me, d, b, e, pts):
+            send_child(s, c, sb, se, None, ttl)
 
     def _relay(self, s: _Session, b: NodeId, e: NodeId, avoid: NodeId | None, ttl: int) -> None:
         """This node is outside (b, e) and knows nobody inside: hand the region to the overlay's
@@ -557,27 +540,30 @@ class Multicast(BaseApplication):
         avoid: NodeId | None,
         ttl: int,
     ) -> None:
-        rt = self.core.runtime
-        now = rt.now()
+        core = self.core
+        now = core.runtime.now()
         lvl = s.level_s
         cfg = self.config
-        size = s.n_est * region_width(s.direction, b, e) / RING
+        d = s.direction
+        w = (e - b) % RING if d > 0 else (b - e) % RING
+        size = s.n_est * (w if w else RING) / RING
         budget = lvl * (cfg.depth_factor * math.log2(size + 1.0) + cfg.slack_levels)
         room = s.answer_by - now - lvl
         if room < budget:
             budget = room
-        if budget < 0.0:  # no time left for this sub-region: report it, do not send
-            lo, hi = region_to_cw(s.direction, b, e)
-            s.missing.append((NodeId(lo), NodeId(hi)))
-            return
+            if budget < 0.0:  # no time left for this sub-region: report it, do not send
+                lo, hi = region_to_cw(d, b, e)
+                s.missing.append((NodeId(lo), NodeId(hi)))
+                return
+        children = s.children
         msg = McQuery(
-            s.qid, s.name, s.arg, s.direction, b, e, budget, lvl, s.n_est, ttl, avoid,
-            s.token, len(s.children),
+            s.qid, s.name, s.arg, d, b, e, budget, lvl, s.n_est, ttl, avoid,
+            s.token, len(children),
         )  # fmt: skip
-        ack_by = now + self.core.prox.rto(h) if cfg.acks else _INF
-        s.children.append(_Child(h, msg, now, ack_by))
+        ack_by = now + core.prox.rto(h) if cfg.acks else _INF
+        children.append(_Child(h, msg, now, ack_by))
         s.pending += 1
-        self.core.send_direct(h, MULTICAST_APP, msg)
+        core.runtime.send(h, msg)
 
     # ------------------------------------------------------------------ answers
     def _on_ack(self, src: NodeHandle, m: McAck) -> None:
@@ -588,11 +574,12 @@ class Multicast(BaseApplication):
         if c.state == _SENT and c.handle == src:
             c.state = _ACKED
             if c.attempts == 0:  # Karn's rule
-                self.core.prox.sample(src, self.core.runtime.now() - c.sent_at)
+                core = self.core
+                core.prox.sample(src, core.runtime.now() - c.sent_at)
 
     def _on_reply(self, src: NodeHandle, m: McReply) -> None:
         if m.ctoken:
-            self.core.send_direct(src, MULTICAST_APP, McReplyAck(m.ctoken))
+            self.core.runtime.send(src, McReplyAck(m.ctoken))
         s = self._sessions.get(m.token)
         if s is None or s.closed or m.slot >= len(s.children):
             return  # late answer to a finished session
@@ -644,7 +631,8 @@ class Multicast(BaseApplication):
         s.timer = None
         if s.closed:
             return
-        now = self.core.runtime.now() + _EPS
+        core = self.core
+        now = core.runtime.now() + _EPS
         cfg = self.config
         i = 0
         while i < len(s.children):  # repairs may append children while we walk
@@ -658,10 +646,10 @@ class Multicast(BaseApplication):
             elif st == _SENT and c.ack_by <= now:
                 if c.attempts < cfg.ack_retries:
                     c.attempts += 1
-                    self.core.stats["multicast_retransmits"] += 1
-                    rto = self.core.prox.rto(c.handle) * (2**c.attempts)
+                    core.stats["multicast_retransmits"] += 1
+                    rto = core.prox.rto(c.handle) * (2**c.attempts)
                     c.ack_by = now + rto
-                    self.core.send_direct(c.handle, MULTICAST_APP, c.msg)
+                    core.runtime.send(c.handle, c.msg)
                 else:
                     self._child_failed(s, c, dead=True)
         if s.closed:
@@ -708,7 +696,8 @@ class Multicast(BaseApplication):
             s.timer.cancel()
             s.timer = None
         if s.parent is not None:
-            want_ack = self.config.acks and self.config.reply_retries > 0
+            cfg = self.config
+            want_ack = cfg.acks and cfg.reply_retries > 0
             rep = McReply(
                 s.p_token,
                 s.p_slot,
@@ -719,7 +708,7 @@ class Multicast(BaseApplication):
                 s.early,
                 s.token if want_ack else 0,
             )
-            self.core.send_direct(s.parent, MULTICAST_APP, rep)
+            self.core.runtime.send(s.parent, rep)
             if want_ack:  # keep the session as the retransmission record until acknowledged
                 s.reply = rep
                 s.children = []
@@ -761,7 +750,7 @@ class Multicast(BaseApplication):
             del self._sessions[s.token]
             return
         self.core.stats["multicast_reply_retransmits"] += 1
-        self.core.send_direct(s.parent, MULTICAST_APP, s.reply)
+        self.core.runtime.send(s.parent, s.reply)
         self._arm_reply(s, attempt + 1)
 
     def _on_reply_ack(self, m: McReplyAck) -> None:
@@ -774,12 +763,65 @@ class Multicast(BaseApplication):
         del self._sessions[s.token]
 
 
+# ---------------------------------------------------------------------- receive handlers
+# Multicast messages travel as top-level messages (no ``DirectMsg`` wrapper: one allocation and
+# two upcall levels less per message). Their handlers are functions of the *core*, installed
+# once per core class through ``KbrCore.add_handler`` (which keeps a bound method of the core
+# in the class's dispatch table, so 10^6 simulated nodes share one table); each finds this
+# node's application by name.
+def _app(core: KbrCore) -> Multicast | None:
+    a = core.apps.get(MULTICAST_APP)
+    if type(a) is Multicast or isinstance(a, Multicast):
+        return a
+    core.stats["multicast_dropped"] += 1
+    return None
+
+
+def _recv_query(core: KbrCore, src: NodeHandle, msg: McQuery) -> None:
+    a = _app(core)
+    if a is not None:
+        a._on_query(src, msg)
+
+
+def _recv_ack(core: KbrCore, src: NodeHandle, msg: McAck) -> None:
+    a = _app(core)
+    if a is not None:
+        a._on_ack(src, msg)
+
+
+def _recv_reply(core: KbrCore, src: NodeHandle, msg: McReply) -> None:
+    a = _app(core)
+    if a is not None:
+        a._on_reply(src, msg)
+
+
+def _recv_reply_ack(core: KbrCore, src: NodeHandle, msg: McReplyAck) -> None:
+    a = _app(core)
+    if a is not None:
+        a._on_reply_ack(msg)
+
+
+_HANDLERS: tuple[tuple[type[Message], Callable[[KbrCore, NodeHandle, Any], None]], ...] = (
+    (McQuery, _recv_query),
+    (McAck, _recv_ack),
+    (McReply, _recv_reply),
+    (McReplyAck, _recv_reply_ack),
+)
+#: core classes whose dispatch table already holds the handlers above.
+_INSTALLED: set[type[KbrCore]] = set()
+
+
 def _ignore(_r: MulticastResult) -> None:
     return None
 
 
 def attach(core: KbrCore, config: MulticastConfig | None = None) -> Multicast:
-    """Create the multicast application for ``core`` and register it as ``MULTICAST_APP``."""
+    """Create the multicast application for ``core``, register it as ``MULTICAST_APP`` and
+    install the receive handlers of its messages (once per core class)."""
     mc = Multicast(core, config)
     core.register(MULTICAST_APP, mc)
+    if type(core) not in _INSTALLED:
+        for cls, fn in _HANDLERS:
+            core.add_handler(cls, types.MethodType(fn, core))
+        _INSTALLED.add(type(core))
     return mc

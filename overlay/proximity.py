@@ -260,6 +260,13 @@ class Proximity:
             del self.peers[h]
             self._bad_discard(h)
 
+    def stop(self) -> None:
+        """Cancel every in-flight probe (the owner is shutting down); callbacks are not run."""
+        for pr in self._probes.values():
+            pr.timer.cancel()
+        self._probes.clear()
+        self._by_nonce.clear()
+
     # ------------------------------------------------------------------ probing
     def probe(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
         """Ping ``h``; ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is DEAD.

@@ -73,11 +73,35 @@ def _bigint(v: int) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_BIGINT, v.to_bytes(n, "big", signed=True))
 
 
+#: Encoded ids and handles, process-wide: a swarm mentions the same few thousand handles in
+#: every leaf-set and row message, and packing one is a nested msgpack call.
+_EXT_IDS: dict[NodeId, msgpack.ExtType] = {}
+_EXT_HANDLES: dict[NodeHandle, msgpack.ExtType] = {}
+_EXT_CACHE_MAX = 100_000
+
+
 def _default(v: Any) -> Any:
     """msgpack ``default`` hook (strict_types): everything that is not a plain primitive."""
+    tv = type(v)
+    if tv is NodeHandle:  # before tuple: a handle is a NamedTuple
+        e = _EXT_HANDLES.get(v)
+        if e is None:
+            if len(_EXT_HANDLES) >= _EXT_CACHE_MAX:
+                _EXT_HANDLES.clear()
+            e = _EXT_HANDLES[v] = msgpack.ExtType(EXT_HANDLE, _pack([_prim(v.id), v.address]))
+        return e
+    if tv is NodeId:
+        e = _EXT_IDS.get(v)
+        if e is None:
+            if len(_EXT_IDS) >= _EXT_CACHE_MAX:
+                _EXT_IDS.clear()
+            e = _EXT_IDS[v] = msgpack.ExtType(EXT_NODEID, int(v).to_bytes(20, "big"))
+        return e
+    if tv is tuple:
+        return list(v)
     if isinstance(v, NodeId):
         return msgpack.ExtType(EXT_NODEID, int(v).to_bytes(20, "big"))
-    if isinstance(v, NodeHandle):  # before tuple: a handle is a NamedTuple
+    if isinstance(v, NodeHandle):
         return msgpack.ExtType(EXT_HANDLE, _pack([_prim(v.id), v.address]))
     if isinstance(v, tuple):
         return list(v)
@@ -387,6 +411,22 @@ def intern_handle(raw_id: bytes, address: str | int) -> NodeHandle:
     return h
 
 
+#: ext payload bytes -> the handle they decoded to (valid ones only; a differently spelled but
+#: equal handle simply misses and takes the checked path)
+_HANDLES_BY_EXT: dict[bytes, NodeHandle] = {}
+#: a handle's inner array holds two scalars: no ext types, no maps, no nesting worth a walk
+#: (msgpack's own C stack bounds any nesting an attacker sends before the type check refuses it)
+_HANDLE_KW: dict[str, Any] = {
+    "raw": False,
+    "use_list": False,
+    "max_str_len": 512,
+    "max_bin_len": 20,
+    "max_array_len": 2,
+    "max_map_len": 0,
+    "max_ext_len": 0,
+}
+
+
 class Wire:
     """Decoder of untrusted message bytes. Never raises; counts every rejection.
 
@@ -401,6 +441,11 @@ class Wire:
         self._depth = 0
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
+        if code == EXT_HANDLE:
+            h = _HANDLES_BY_EXT.get(data)
+            if h is not None:  # these exact bytes were a valid handle before
+                return h
+            return self._handle(data)
         if code == EXT_NODEID:
             if len(data) != 20:
                 raise _Invalid("NodeId needs 20 bytes")
@@ -436,6 +481,25 @@ class Wire:
             raise _Invalid(f"unknown ext type {code}")
         finally:
             self._depth -= 1
+
+    def _handle(self, data: bytes) -> NodeHandle:
+        """Decode a NodeHandle ext: ``[20-byte id, address]``, scalars only (no depth walk)."""
+        try:
+            inner = msgpack.unpackb(data, **_HANDLE_KW)
+        except Exception:
+            raise _Invalid("bad NodeHandle") from None
+        if type(inner) is not tuple or len(inner) != 2:
+            raise _Invalid("bad NodeHandle")
+        raw, addr = inner
+        if type(raw) is not bytes or len(raw) != 20:
+            raise _Invalid("bad NodeHandle")
+        if type(addr) is not str and type(addr) is not int:
+            raise _Invalid("bad NodeHandle address")
+        h = intern_handle(raw, addr)
+        if len(_HANDLES_BY_EXT) >= _INTERN_MAX:
+            _HANDLES_BY_EXT.clear()
+        _HANDLES_BY_EXT[data] = h
+        return h
 
     def _build(self, arr: Any) -> Message:
         if not isinstance(arr, tuple) or not arr or type(arr[0]) is not int:

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,19 +61,47 @@ def _rss_kib() -> int:
 
 
 # --------------------------------------------------------------------------- our worker
-async def _worker(n: int, lookups: int, seed: int, signing: bool, boot: int) -> dict[str, Any]:
+def _msg_kind(msg: Any) -> str:
+    """A message's type name; a routed message is named after its payload (``RouteMsg/X``)."""
+    name = type(msg).__name__
+    payload = getattr(msg, "payload", None)
+    if name in ("RouteMsg", "DirectMsg") and payload is not None:
+        name += "/" + type(payload).__name__
+    return name
+
+
+async def _worker(
+    n: int, lookups: int, seed: int, signing: bool, boot: int, by_type: bool = False
+) -> dict[str, Any]:
     import gc
+    from collections import Counter
     from contextlib import AsyncExitStack
 
     import trio
 
+    # Everything a node will import is imported before the baseline, as kademlia's script
+    # imports its package before its own baseline (the Pastry core is otherwise imported
+    # lazily by the first Node and would be charged to the nodes).
+    import overlay.multicast
+    import overlay.pastry.core  # noqa: F401
     from overlay.identity import Identity
     from overlay.ids import NodeId, closer
     from overlay.node import Node
     from transports.udp import open_udp
 
     rng = random.Random(seed)
-    identities = [Identity.from_rng(rng) for _ in range(n)]
+    # One generator for every node in this process (Node(rng=...)): a random.Random is 2.5 KiB
+    # of Mersenne-Twister state; kademlia's nodes share the global `random` too.
+    node_rng = random.Random(rng.getrandbits(64))
+    kinds: Counter[str] = Counter()
+    if by_type:
+        orig_send = Node._send
+
+        def counting_send(self: Node, address: Any, msg: Any, peer: Any) -> None:
+            kinds[_msg_kind(msg)] += 1
+            orig_send(self, address, msg, peer)
+
+        Node._send = counting_send  # type: ignore[method-assign]
     gc.collect()
     rss0 = _rss_kib()
     nodes: list[Node] = []
@@ -85,23 +114,30 @@ async def _worker(n: int, lookups: int, seed: int, signing: bool, boot: int) -> 
 
         async def host(i: int, task_status: trio.TaskStatus[Node]) -> None:
             async with open_udp("udp://127.0.0.1:0", rcvbuf_bytes=1 << 20) as t:
-                node = Node(t, "pastry", identities[i], seed=rng.getrandbits(64), signing=signing)
+                # the key is made here, so that each node's identity counts in its memory
+                node = Node(t, "pastry", Identity.from_rng(rng), rng=node_rng, signing=signing)
                 async with node:
                     task_status.started(node)
                     await node.closed_event.wait()
 
         t0 = time.perf_counter()
+        c0 = time.process_time()
         join_fail = 0
+        join_ms: list[float] = []
         for i in range(n):
             node = await nursery.start(host, i)
             seeds = [x.address for x in rng.sample(nodes, min(boot, len(nodes)))]
+            tj = time.perf_counter()
             try:
                 await node.join(seeds, timeout_s=30)
             except Exception:
                 join_fail += 1
+            join_ms.append((time.perf_counter() - tj) * 1e3)
             nodes.append(node)
         t_boot = time.perf_counter() - t0
+        cpu_boot = time.process_time() - c0
         boot_dgrams = sent_total()
+        boot_kinds = dict(kinds)
         await trio.sleep(0.5)
         gc.collect()
         rss_boot = _rss_kib()
@@ -151,7 +187,11 @@ async def _worker(n: int, lookups: int, seed: int, signing: bool, boot: int) -> 
         "boot_contacts": boot,
         "bringup_s": round(t_boot, 3),
         "bringup_ms_per_node": round(t_boot / n * 1e3, 2),
+        "bringup_cpu_s": round(cpu_boot, 3),
         "bringup_datagrams_total": boot_dgrams,
+        "bringup_datagrams_per_join": round(boot_dgrams / max(1, n - 1), 1),
+        "join_ms_p50": round(bench.percentile(join_ms, 50), 2),
+        "join_ms_p95": round(bench.percentile(join_ms, 95), 2),
         "join_failures": join_fail,
         "ready_nodes": sum(1 for x in nodes if x.ready),
         "leaf_set_mean": round(statistics.mean(leaf), 1),
@@ -174,6 +214,16 @@ async def _worker(n: int, lookups: int, seed: int, signing: bool, boot: int) -> 
         "dropped_malformed": tot("auth.malformed") + tot("wire.malformed"),
         "reroutes": tot("reroutes"),
         "route_dropped": tot("route_dropped"),
+        **(
+            {
+                "bringup_datagrams_by_type_per_join": {
+                    k: round(v / max(1, n - 1), 2)
+                    for k, v in sorted(boot_kinds.items(), key=lambda kv: -kv[1])
+                }
+            }
+            if by_type
+            else {}
+        ),
     }
 
 
@@ -187,11 +237,12 @@ def _worker_main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--boot", type=int, default=3)
     ap.add_argument("--signing", choices=("on", "off"), default="on")
+    ap.add_argument("--by-type", action="store_true", help="count bring-up datagrams by type")
     a = ap.parse_args(argv)
     import logging
 
     logging.disable(logging.WARNING)
-    res = trio.run(_worker, a.nodes, a.lookups, a.seed, a.signing == "on", a.boot)
+    res = trio.run(_worker, a.nodes, a.lookups, a.seed, a.signing == "on", a.boot, a.by_type)
     print(json.dumps(res))
     return 0
 
@@ -201,16 +252,22 @@ def _run_child(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the whole child (start-up, bring-up and lookups): unlike wall time it does
+    # not depend on how much of the machine other processes take
+    cpu = round((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime), 2)
     if p.returncode != 0:
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
         return {"error": f"exit {p.returncode}: {' | '.join(tail)}"}
     try:
         start = p.stdout.index("{")
         out: dict[str, Any] = json.loads(p.stdout[start:])
+        out["process_cpu_s"] = cpu
         return out
     except ValueError:
         return {"error": "no JSON in output"}
@@ -292,6 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "note": "ours / kademlia (lower is better); lookups vs kademlia get()",
             "bringup_s": _ratio(ours.get("bringup_s"), kad.get("bringup_s")),
             "bringup_s_signed": _ratio(signed.get("bringup_s"), kad.get("bringup_s")),
+            "process_cpu_s": _ratio(ours.get("process_cpu_s"), kad.get("process_cpu_s")),
             "rss_per_node": _ratio(ours.get("rss_per_node_KiB"), kad.get("rss_per_node_KiB")),
             "rss_per_node_signed": _ratio(
                 signed.get("rss_per_node_KiB"), kad.get("rss_per_node_KiB")

@@ -14,6 +14,12 @@ PondSim``) gives the same edge model; loss is applied per message at the rate th
 same per-exchange loss, and our protocol retransmits on its own RTO timers (query acks, reply
 acks, cached leaf replies) instead of PondSim's closed-form back-off. Overlay maintenance is off
 by default (PondSim has none), so the wall time is the query's own.
+
+``--method analytic`` (or ``both``, side by side on the same roots) adds PondSim's own method
+on our overlay state (``sim_adapter.fastquery``): no events, the same tree from the same
+``known_in_range`` state, latency by critical-path recursion with PondSim's loss/back-off
+formula. Its keys are prefixed ``analytic_``; it is not the protocol's cost, and the JSON
+says so.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "maintenance": args.maintenance,
         "crash": args.crash,
         "queries": args.queries,
+        "method": args.method,
         "seed": args.seed,
         **bench.environment(),
     }
@@ -85,17 +92,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.crash > 0:
         net.crash(pick.sample(nodes, int(args.crash * len(nodes))))
     live = net.live_nodes()
+    roots = [pick.choice(live) for _ in range(args.queries)]
+    gc.collect()
+    gc.freeze()  # the built ring is long-lived: keep the cyclic collector off it
+    if args.gc_threshold:
+        gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
+    res["gc_threshold"] = gc.get_threshold()[0]
+    if args.method in ("events", "both"):
+        res.update(_events(net, roots, len(live), args))
+    if args.method in ("analytic", "both"):
+        res.update(_analytic(net, roots, len(live), args))
+    res.update(
+        {
+            "load_avg_1min": bench.r(_loadavg(), 2),
+            "peak_rss_mib": bench.r(bench.peak_rss_mib(), 1),
+        }
+    )
+    ref = PONDSIM_LATENCY_S.get(args.nodes)
+    if ref is not None:
+        res["pondsim_latency_s"] = ref
+        for k in ("", "analytic_"):
+            if f"{k}latency_mean_s" in res:
+                res[f"{k}latency_vs_pondsim"] = bench.r(res[f"{k}latency_mean_s"] / ref, 3)
+    if args.nodes == 10_000:
+        res["pondsim_wall_per_query_s"] = PONDSIM_WALL_S_1E4
+    return res
+
+
+def _events(
+    net: Network, roots: list[Any], n_live: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The full protocol in the discrete-event simulator (messages, acks, timers, loss)."""
     lats: list[float] = []
     depths: list[int] = []
     walls: list[float] = []
     cpus: list[float] = []
-    gc.collect()
-    gc.freeze()  # the built ring is long-lived: keep the cyclic collector off it
     msgs: list[int] = []
     counted: list[float] = []
     missing: list[int] = []
-    for _ in range(args.queries):
-        root = pick.choice(live)
+    for root in roots:
         m0 = net.message_count
         c0 = time.process_time()
         with bench.stopwatch() as t_q:
@@ -105,36 +140,70 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         msgs.append(net.message_count - m0)
         lats.append(a.latency_s)
         depths.append(a.depth)
-        counted.append(a.value / len(live))
+        counted.append(a.value / n_live)
         missing.append(len(a.missing))
-    mean_lat = bench.mean(lats)
-    res.update(
-        {
-            "latency_mean_s": bench.r(mean_lat, 2),
-            "latency_p50_s": bench.r(bench.percentile(lats, 50), 2),
-            "latency_max_s": bench.r(max(lats), 2),
-            "depth_mean": bench.r(bench.mean([float(d) for d in depths]), 1),
-            "depth_max": max(depths),
-            "counted_fraction_min": bench.r(min(counted), 4),
-            "missing_ranges_max": max(missing),
-            "messages_per_query": bench.r(bench.mean([float(m) for m in msgs]), 0),
-            "messages_per_node": bench.r(bench.mean([float(m) for m in msgs]) / len(live), 2),
-            "wall_per_query_s": bench.r(bench.mean(walls), 3),
-            "wall_per_query_min_s": bench.r(min(walls), 3),
-            # CPU seconds of this process: robust when other jobs share the 2 cores
-            "cpu_per_query_s": bench.r(bench.mean(cpus), 3),
-            "cpu_per_query_min_s": bench.r(min(cpus), 3),
-            "load_avg_1min": bench.r(_loadavg(), 2),
-            "peak_rss_mib": bench.r(bench.peak_rss_mib(), 1),
-        }
-    )
-    ref = PONDSIM_LATENCY_S.get(args.nodes)
-    if ref is not None:
-        res["pondsim_latency_s"] = ref
-        res["latency_vs_pondsim"] = bench.r(mean_lat / ref, 3)
-    if args.nodes == 10_000:
-        res["pondsim_wall_per_query_s"] = PONDSIM_WALL_S_1E4
-    return res
+    return {
+        "latency_mean_s": bench.r(bench.mean(lats), 2),
+        "latency_p50_s": bench.r(bench.percentile(lats, 50), 2),
+        "latency_max_s": bench.r(max(lats), 2),
+        "depth_mean": bench.r(bench.mean([float(d) for d in depths]), 1),
+        "depth_max": max(depths),
+        "counted_fraction_min": bench.r(min(counted), 4),
+        "missing_ranges_max": max(missing),
+        "messages_per_query": bench.r(bench.mean([float(m) for m in msgs]), 0),
+        "messages_per_node": bench.r(bench.mean([float(m) for m in msgs]) / n_live, 2),
+        "wall_per_query_s": bench.r(bench.mean(walls), 3),
+        "wall_per_query_min_s": bench.r(min(walls), 3),
+        # CPU seconds of this process: robust when other jobs share the 2 cores
+        "cpu_per_query_s": bench.r(bench.mean(cpus), 3),
+        "cpu_per_query_p50_s": bench.r(bench.percentile(cpus, 50), 3),
+        "cpu_per_query_min_s": bench.r(min(cpus), 3),
+    }
+
+
+def _analytic(
+    net: Network, roots: list[Any], n_live: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """PondSim's method on our overlay state (sim_adapter/fastquery.py): the same tree from
+    the same known_in_range state, latency by critical-path recursion, no events."""
+    from sim_adapter.fastquery import count_analytic
+
+    rng = random.Random(args.seed + 2)
+    loss = None if args.exchange_loss is None else args.exchange_loss
+    lats: list[float] = []
+    depths: list[int] = []
+    cpus: list[float] = []
+    walls: list[float] = []
+    counted: list[float] = []
+    lost: list[int] = []
+    for root in roots:
+        c0 = time.process_time()
+        with bench.stopwatch() as t_q:
+            a = count_analytic(net, root, args.redundant, edges=args.edges, loss=loss, rng=rng)
+        walls.append(t_q())
+        cpus.append(time.process_time() - c0)
+        lats.append(a.latency_s)
+        depths.append(a.depth)
+        counted.append(a.value / n_live)
+        lost.append(a.lost)
+    p = 1.0 - (1.0 - net.loss) ** 2 if loss is None else loss
+    return {
+        "analytic_method": "PondSim critical-path recursion on our overlay state",
+        "analytic_edges": args.edges,
+        "analytic_loss_per_exchange": bench.r(p, 5),
+        "analytic_latency_mean_s": bench.r(bench.mean(lats), 2),
+        "analytic_latency_p50_s": bench.r(bench.percentile(lats, 50), 2),
+        "analytic_latency_max_s": bench.r(max(lats), 2),
+        "analytic_depth_mean": bench.r(bench.mean([float(d) for d in depths]), 1),
+        "analytic_depth_max": max(depths),
+        "analytic_counted_fraction_min": bench.r(min(counted), 4),
+        "analytic_lost_exchanges_per_query": bench.r(bench.mean([float(x) for x in lost]), 1),
+        "analytic_wall_per_query_s": bench.r(bench.mean(walls), 4),
+        "analytic_wall_per_query_min_s": bench.r(min(walls), 4),
+        "analytic_cpu_per_query_s": bench.r(bench.mean(cpus), 4),
+        "analytic_cpu_per_query_p50_s": bench.r(bench.percentile(cpus, 50), 4),
+        "analytic_cpu_per_query_min_s": bench.r(min(cpus), 4),
+    }
 
 
 def _loadavg() -> float:
@@ -167,6 +236,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--maintenance", action="store_true", help="keep overlay maintenance on")
     p.add_argument("--crash", type=float, default=0.0, help="fraction crashed before queries")
     p.add_argument("--level-s", type=float, default=None, help="per-level allowance (s)")
+    p.add_argument(
+        "--method",
+        choices=("events", "analytic", "both"),
+        default="events",
+        help="events: the full protocol in the simulator; analytic: PondSim's critical-path "
+        "recursion over the same tree (no events); both: side by side on the same roots",
+    )
+    p.add_argument(
+        "--edges",
+        choices=("model", "redraw"),
+        default="model",
+        help="analytic edge latencies: the latency model's (as events) or PondSim's per-visit "
+        "redraw of 200+U*400 ms",
+    )
+    p.add_argument(
+        "--exchange-loss",
+        type=float,
+        default=None,
+        help="analytic: loss per parent-child exchange (default: from the per-message loss)",
+    )
+    p.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        help="generation-0 threshold of the cyclic GC during the queries (0: Python's 700)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--out", help="also write the JSON to this file")

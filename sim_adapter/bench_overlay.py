@@ -30,6 +30,12 @@ def add_common_arguments(p: argparse.ArgumentParser, default_nodes: int) -> None
         help="latency model: uniform, sphere, transit-stub, pondsim, matrix:PATH",
     )
     p.add_argument("--loss", type=float, default=0.0, help="message loss rate in [0, 1)")
+    p.add_argument(
+        "--join-interval-s",
+        type=float,
+        default=None,
+        help="overlapping joins, one every S virtual seconds (default: one at a time)",
+    )
     p.add_argument("--quiet-s", type=float, default=3600.0, help="quiet period (virtual s)")
     p.add_argument("--batch", type=int, default=1000, help="lookups launched at once")
     p.add_argument("--seed", type=int, default=1)
@@ -55,13 +61,20 @@ def run_overlay(args: argparse.Namespace, overlay: str) -> dict[str, Any]:
         "build": args.build,
         "latency": args.latency,
         "loss": args.loss,
+        "join_interval_s": args.join_interval_s,
         "seed": args.seed,
         **bench.environment(),
     }
     rss0 = bench.rss_mib()
     prog = bench.Progress(f"build {overlay}", args.progress or None)
     with bench.stopwatch() as t_build:
-        net.spawn(args.nodes, overlay=overlay, build=args.build, progress=prog)
+        net.spawn(
+            args.nodes,
+            overlay=overlay,
+            build=args.build,
+            progress=prog,
+            join_interval_s=args.join_interval_s,
+        )
     res["build_wall_s"] = bench.r(t_build(), 2)
     res["build_virtual_s"] = bench.r(net.now, 1)
     res["build_messages"] = net.message_count

@@ -23,7 +23,7 @@ from overlay.messages import Message, register
 from overlay.proximity import Ping
 from overlay.wire import Wire, WireError, encode_message
 from transports.auth import Signer, Verifier
-from transports.codec import MAX_FRAME_BYTES, Codec, Envelope, Limits, pack_envelope
+from transports.codec import FLAG_SIGNED, MAX_FRAME_BYTES, Codec, Envelope, Limits, pack_envelope
 
 
 class Color(enum.Enum):
@@ -276,3 +276,17 @@ def test_fuzz_huge_declared_lengths(head: int, tail: bytes) -> None:
     assert c.unpack_envelope(data) is None
     assert w.decode(data) is None
     assert sum(c.counters.values()) == 1 and sum(w.counters.values()) == 1
+
+
+def test_unknown_flag_bits_are_dropped() -> None:
+    """``flags`` is outside the signature: only 0 (unsigned) and 1 (signed) are accepted."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    good = Signer(key).seal("udp://127.0.0.1:1", b"body")
+    assert good[2] == FLAG_SIGNED  # [0x98, version, flags, ...]
+    for flags in (0, 2, 3, 0x7F):
+        bad = good[:2] + bytes([flags]) + good[3:]
+        v = Verifier()
+        assert v.open(bad) is None
+        assert v.counters["bad_envelope"] == 1 and v.counters["accepted"] == 0

@@ -129,3 +129,12 @@ def test_oracle_ties_break_towards_smaller_id() -> None:
     a, b = NodeId(100), NodeId(300)
     net.spawn(2, overlay="toy", build="oracle", ids=[a, b])
     assert net.closest_live(200) == a
+
+
+def test_hop_limit_drops_and_counts_looping_messages() -> None:
+    rt, core, app = _lone_core()
+    peer = NodeHandle(NodeId(5), "b")
+    core.receive(peer, RouteMsg(NodeId(7), "app", "x", peer, 9, core.kbr_config.max_hops + 1))
+    assert core.stats["ttl_expired"] == 1
+    assert app.got == []
+    assert len(rt.take_sent()) == 1  # still acked, so the sender does not retransmit

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import trio
 
 from overlay import NodeId
 from overlay.multicast import (
@@ -250,3 +251,20 @@ def test_unknown_aggregator_at_a_node_is_reported_missing() -> None:
     # everything but the root is reported missing, not dropped
     assert all(contains(r.missing, n.id) for n in nodes if n is not root)
     assert not contains(r.missing, root.id)
+
+
+# ---------------------------------------------------------------------- live nodes
+async def test_aggregation_over_live_nodes_through_the_codec(autojump_clock: Any) -> None:
+    """Multicast messages travel as top-level wire messages (signed frames, the codec at the
+    trust boundary) between real ``overlay.Node`` objects, not only in the simulator."""
+    from overlay.testing import open_swarm
+
+    async with open_swarm(12, overlay="smallworld", seed=4) as swarm:
+        m = swarm[0].multicast
+        assert m is not None
+        out: list[MulticastResult] = []
+        m.aggregate("ids", on_done=out.append, direction="both")
+        while not out:
+            await trio.sleep(0.5)
+        want = {int(n.handle.id) for n in swarm.live}
+        assert set(map(int, out[0].value)) == want and out[0].complete

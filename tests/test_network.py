@@ -81,3 +81,18 @@ def test_misuse_raises_clear_errors() -> None:
         net.spawn(3, overlay="pastry", build="oracle")
     with pytest.raises(ConfigError):
         net.run(-1)
+
+
+def test_overlapping_joins_build_a_correct_ring() -> None:
+    overlay = "pastry"
+    net = Network(seed=11, latency=Uniform(0.02, 0.12, seed=11))
+    nodes = net.spawn(300, overlay=overlay, join_interval_s=0.1)
+    assert all(n.core.ready for n in nodes)
+    # the joins really overlapped: 300 joins in far less virtual time than one at a time
+    assert net.now < 300 * 1.0
+    rng = net.rng
+    pairs = [(rng.choice(nodes), NodeId.random(rng)) for _ in range(600)]
+    res = net.lookup_many(pairs)
+    assert [r.result for r in res] == [net.closest_live(k) for _, k in pairs]
+    with pytest.raises(ConfigError, match="join_interval_s"):
+        net.spawn(1, overlay=overlay, join_interval_s=0)

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import Counter, OrderedDict
+from array import array
+from collections import Counter
 from collections.abc import Callable
 
 import attrs
@@ -113,35 +114,32 @@ class Signer:
         return pack_envelope(self.sender, seq, reply_to, to, body, sig)
 
 
-class _Window:
-    """Replay state of one sender: everything <= ``floor`` is refused, ``recent`` holds the
-    numbers accepted above it (a short list: a peer sends us a few frames per window)."""
-
-    __slots__ = ("floor", "highest", "recent")
-
-    def __init__(self) -> None:
-        self.highest = -1
-        self.floor = -1
-        self.recent: list[int] = []
+# Replay state of one sender is one compact ``array('Q')``: ``[floor, *recent]`` — everything
+# <= floor is refused, ``recent`` holds the numbers accepted above it (a short list: a peer sends
+# us a few frames per window). ~100 bytes per (receiver, sender) pair instead of ~350 for an
+# object, a list and boxed ints; sequence numbers are < 2**64 (the codec checks).
 
 
-#: Ed25519 public-key objects by raw bytes, shared by every Verifier in the process (public data;
-#: an OpenSSL key object costs ~1 KiB, so one per (node, peer) pair would dominate a swarm).
-_KEYS: OrderedDict[bytes, Ed25519PublicKey] = OrderedDict()
+#: Parsed Ed25519 public-key objects and their SHA-1 ids, by raw key bytes, shared by every
+#: Verifier in the process (public data; an OpenSSL key object costs ~0.5 KiB, so one per
+#: (node, peer) pair would dominate a swarm, and parsing + hashing per datagram costs ~3 µs).
+_KEYS: dict[bytes, tuple[Ed25519PublicKey, bytes, bytes]] = {}
 _KEYS_MAX = 65536
 
 
-def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+def _public_key(raw: bytes) -> tuple[Ed25519PublicKey, bytes, bytes] | None:
+    """``(key object, SHA-1 id, the shared copy of raw)`` — receivers key their replay state by
+    that one shared bytes object rather than each keeping a copy."""
     k = _KEYS.get(raw)
     if k is not None:
         return k
     try:
-        k = Ed25519PublicKey.from_public_bytes(raw)
+        pub = Ed25519PublicKey.from_public_bytes(raw)
     except ValueError:
         return None
-    _KEYS[raw] = k
-    if len(_KEYS) > _KEYS_MAX:
-        _KEYS.popitem(last=False)
+    if len(_KEYS) >= _KEYS_MAX:
+        _KEYS.pop(next(iter(_KEYS)))  # oldest first (insertion order)
+    k = _KEYS[raw] = (pub, key_hash(raw), raw)
     return k
 
 
@@ -169,64 +167,74 @@ class Verifier:
         self._max_seen = max_seen_per_sender
         self._clock = clock_us
         self.own_id = own_id
-        self._windows: OrderedDict[bytes, _Window] = OrderedDict()
+        #: sender key -> replay window; insertion order is recency (LRU: refreshed on use)
+        self._windows: dict[bytes, array[int]] = {}
 
     def _replay_ok(self, sender: bytes, seq: int) -> bool:
-        w = self._windows.get(sender)
+        windows = self._windows
+        w = windows.pop(sender, None)
         if w is None:
             if self._skew_us is not None and abs(seq - self._clock()) > self._skew_us:
                 self.counters["stale"] += 1
                 return False
-            w = self._windows[sender] = _Window()
-            if len(self._windows) > self._max_senders:
-                self._windows.popitem(last=False)
-        else:
-            self._windows.move_to_end(sender)
-        recent = w.recent
-        if seq <= w.floor or seq in recent:
+            if len(windows) >= self._max_senders:
+                del windows[next(iter(windows))]  # least recently used
+            w = array("Q", (0,))
+        windows[sender] = w  # (re)inserted last: most recently used
+        if seq <= w[0] or seq in w:
             self.counters["replayed"] += 1
             return False
-        recent.append(seq)
-        if seq > w.highest:
-            w.highest = seq
-            w.floor = max(w.floor, seq - self._window_us)
-        if len(recent) > self._max_seen or recent[0] <= w.floor:
-            recent.sort()
+        w.append(seq)
+        f = seq - self._window_us
+        if f > w[0]:
+            w[0] = f
+        if len(w) > self._max_seen + 1 or w[1] <= w[0]:
+            floor = w[0]
+            recent = sorted(w[1:])
             drop = max(len(recent) - self._max_seen, 0)
-            while drop < len(recent) and recent[drop] <= w.floor:
+            while drop < len(recent) and recent[drop] <= floor:
                 drop += 1
             if drop:
-                w.floor = max(w.floor, recent[drop - 1])  # evicted: nothing below may return
-                del recent[:drop]
+                floor = max(floor, recent[drop - 1])  # evicted: nothing below may return
+            w[:] = array("Q", (floor, *recent[drop:]))
         return True
+
+    def _replayed(self, sender: bytes, seq: int) -> bool:
+        """Read-only pre-check, before the (costly) signature check: a known replay."""
+        w = self._windows.get(sender)
+        return w is not None and (seq <= w[0] or seq in w)
 
     def open(self, data: bytes) -> Opened | None:
         """Return the verified contents of one frame, or None (and a counter says why)."""
-        env = self.codec.unpack_envelope(data)
-        if env is None:
+        f = self.codec.unpack_fields(data)
+        if f is None:
             return None
-        if env.signature is None:
+        _, sender, seq, reply_to, to, body, sig = f
+        if sig is None:
             if self.require_signatures:
                 self.counters["unsigned"] += 1
                 return None
-            if len(env.sender) != 20:
+            if len(sender) != 20:
                 self.counters["bad_envelope"] += 1
                 return None
             self.counters["accepted"] += 1
-            return Opened(env.sender, None, env.seq, env.reply_to, env.to, env.body)
-        if env.to is not None and self.own_id is not None and env.to != self.own_id:
+            return Opened(sender, None, seq, reply_to, to, body)
+        if to is not None and self.own_id is not None and to != self.own_id:
             self.counters["misdirected"] += 1
             return None
-        pub = _public_key(env.sender)
-        if pub is None:
+        if self._replayed(sender, seq):  # no signature check for a frame we would refuse
+            self.counters["replayed"] += 1
+            return None
+        k = _public_key(sender)
+        if k is None:
             self.counters["forged"] += 1
             return None
         try:
-            pub.verify(env.signature, env.signed_bytes())
+            k[0].verify(sig, signed_bytes(sender, seq, reply_to, to, body))
         except InvalidSignature:
             self.counters["forged"] += 1
             return None
-        if not self._replay_ok(env.sender, env.seq):
+        if not self._replay_ok(k[2], seq):
             return None
         self.counters["accepted"] += 1
-        return Opened(key_hash(env.sender), env.sender, env.seq, env.reply_to, env.to, env.body)
+        return Opened(k[1], k[2], seq, reply_to, to, body)

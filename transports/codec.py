@@ -130,6 +130,28 @@ def pack_envelope(
     return out
 
 
+_UNPACK_KW: dict[Limits, dict[str, Any]] = {}
+
+
+def _unpack_kw(limits: Limits) -> dict[str, Any]:
+    kw = _UNPACK_KW.get(limits)
+    if kw is None:
+        kw = _UNPACK_KW[limits] = {
+            "raw": False,
+            "use_list": False,
+            "strict_map_key": False,
+            "max_str_len": limits.max_str_len,
+            "max_bin_len": limits.max_bin_len,
+            "max_array_len": limits.max_array_len,
+            "max_map_len": limits.max_map_len,
+            "max_ext_len": limits.max_ext_len,
+        }
+    return kw
+
+
+_LAST_KW: tuple[Limits, dict[str, Any]] = (DEFAULT_LIMITS, _unpack_kw(DEFAULT_LIMITS))
+
+
 def safe_unpackb(data: bytes, limits: Limits = DEFAULT_LIMITS, ext_hook: Any = None) -> Any:
     """msgpack-decode ``data`` under ``limits``; raises :class:`DecodeError` on anything wrong.
 
@@ -137,22 +159,17 @@ def safe_unpackb(data: bytes, limits: Limits = DEFAULT_LIMITS, ext_hook: Any = N
     """
     if len(data) > limits.max_frame_bytes:
         raise DecodeError("oversized")
-    kw: dict[str, Any] = {}
-    if ext_hook is not None:
-        kw["ext_hook"] = ext_hook
+    global _LAST_KW
+    if _LAST_KW[0] is limits:
+        kw = _LAST_KW[1]
+    else:
+        kw = _unpack_kw(limits)
+        _LAST_KW = (limits, kw)
     try:
-        value = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=False,
-            strict_map_key=False,
-            max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_bin_len,
-            max_array_len=limits.max_array_len,
-            max_map_len=limits.max_map_len,
-            max_ext_len=limits.max_ext_len,
-            **kw,
-        )
+        if ext_hook is None:
+            value = msgpack.unpackb(data, **kw)
+        else:
+            value = msgpack.unpackb(data, ext_hook=ext_hook, **kw)
     except DecodeError:
         raise
     except RecursionError:
@@ -163,20 +180,25 @@ def safe_unpackb(data: bytes, limits: Limits = DEFAULT_LIMITS, ext_hook: Any = N
 
 
 def check_depth(value: Any, max_depth: int) -> None:
-    """Raise :class:`DecodeError` if containers nest deeper than ``max_depth`` (iterative)."""
+    """Raise :class:`DecodeError` if containers nest deeper than ``max_depth`` (iterative).
+
+    Only what msgpack itself builds is walked — exact ``tuple``/``list``/``dict`` — so leaves
+    and objects an ``ext_hook`` returned (checked when they were built) cost nothing.
+    """
+    tv = type(value)
+    if tv is not tuple and tv is not dict and tv is not list:
+        return
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (tuple, list)):
-            if d >= max_depth:
-                raise DecodeError("too deep")
-            stack.extend((x, d + 1) for x in v)
-        elif isinstance(v, dict):
-            if d >= max_depth:
-                raise DecodeError("too deep")
-            for k, x in v.items():
-                stack.append((k, d + 1))
-                stack.append((x, d + 1))
+        if d >= max_depth:
+            raise DecodeError("too deep")
+        d += 1
+        items = v if type(v) is not dict else (*v.keys(), *v.values())
+        for x in items:
+            tx = type(x)
+            if tx is tuple or tx is dict or tx is list:
+                stack.append((x, d))
 
 
 class Codec:
@@ -188,19 +210,30 @@ class Codec:
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self.counters: Counter[str] = Counter()
+        self._kw = _unpack_kw(limits)
 
     def unpack_envelope(self, data: bytes) -> Envelope | None:
         """Parse one frame, or count why not and return None."""
+        f = self.unpack_fields(data)
+        if f is None:
+            return None
+        return Envelope(f[1], f[2], f[3], f[4], f[5], f[6])
+
+    def unpack_fields(
+        self, data: bytes
+    ) -> tuple[int, bytes, int, str, bytes | None, bytes, bytes | None] | None:
+        """Like :meth:`unpack_envelope` but returns the checked fields as a plain tuple
+        ``(flags, sender, seq, reply_to, to, body, signature)`` (the receive hot path)."""
         lim = self.limits
         if len(data) > lim.max_frame_bytes:
             self.counters["oversized"] += 1
             return None
         try:
-            raw = safe_unpackb(data, lim)
-        except DecodeError:
+            raw = msgpack.unpackb(data, **self._kw)
+        except Exception:  # msgpack raises ValueError, ExtraData, StackError, TypeError…
             self.counters["malformed"] += 1
             return None
-        if not isinstance(raw, tuple) or len(raw) < 1:
+        if type(raw) is not tuple or len(raw) < 1:
             self.counters["malformed"] += 1
             return None
         if raw[0] != VERSION or type(raw[0]) is not int:
@@ -212,30 +245,30 @@ class Codec:
         _, flags, sender, seq, reply_to, to, body, sig = raw
         if (
             type(flags) is not int
-            or not isinstance(sender, bytes)
+            or type(sender) is not bytes
             or len(sender) not in (20, 32)
             or type(seq) is not int
             or not 0 <= seq < 1 << 64
-            or not isinstance(reply_to, str)
+            or type(reply_to) is not str
             or len(reply_to) > 512
-            or not (to is None or (isinstance(to, bytes) and len(to) == 20))
-            or not isinstance(body, bytes)
+            or not (to is None or (type(to) is bytes and len(to) == 20))
+            or type(body) is not bytes
         ):
             self.counters["bad_envelope"] += 1
             return None
-        signed = bool(flags & FLAG_SIGNED)
-        if signed:
-            if not isinstance(sig, bytes) or len(sig) != 64 or len(sender) != 32:
+        # flags are not covered by the signature, so no bit but FLAG_SIGNED may be set, and it
+        # must say exactly whether a signature follows (a flipped bit is a drop, not a pass)
+        if flags == FLAG_SIGNED:
+            if type(sig) is not bytes or len(sig) != 64 or len(sender) != 32:
                 self.counters["bad_envelope"] += 1
                 return None
-        elif sig is not None:
+        elif flags != 0 or sig is not None:
             self.counters["bad_envelope"] += 1
             return None
-        env = Envelope(sender, seq, reply_to, to, body, sig if signed else None)
         # Only the canonical encoding of these fields is accepted: msgpack can spell one value
         # several ways (uint32 vs int32, …), and a frame that re-encodes a signed one must not
         # pass for it (no malleability; every changed byte is a drop).
-        if pack_envelope(sender, seq, reply_to, to, body, env.signature, flags) != data:
+        if pack_envelope(sender, seq, reply_to, to, body, sig, flags) != data:
             self.counters["non_canonical"] += 1
             return None
-        return env
+        return flags, sender, seq, reply_to, to, body, sig

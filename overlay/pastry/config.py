@@ -108,6 +108,12 @@ class PastryConfig:
     # ---- oracle build (steady state computed directly, DESIGN §3)
     #: random candidates sampled per routing-table slot; the lowest RTT wins (PNS).
     oracle_pns_sample: int = attrs.field(default=16, validator=_non_negative_int)
+    #: refinement rounds after the sampled pass: each node is offered the rows met on the
+    #: routes towards it from its nearest entries (what a join through a nearby node plus the
+    #: row exchange converge to; Castro et al. 2002 §4). 0 = sampled PNS only.
+    oracle_refine_rounds: int = attrs.field(default=2, validator=_non_negative_int)
+    #: nearest routing-table entries each refinement round starts a route from.
+    oracle_refine_seeds: int = attrs.field(default=4, validator=_non_negative_int)
 
     kbr: KbrConfig = attrs.field(factory=KbrConfig)
     proximity: ProximityConfig = attrs.field(factory=_pastry_proximity)

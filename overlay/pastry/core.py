@@ -241,8 +241,8 @@ class PastryCore(KbrCore):
         return True
 
     def _leaf_changed(self, before: set[NodeHandle], after: set[NodeHandle]) -> None:
-        # Iterate tuples, not set differences: NodeHandle hashes vary with PYTHONHASHSEED
-        # (attrs salts them), and upcall order must not depend on it.
+        # Iterate tuples, not set differences: handle hashes (string addresses) vary with
+        # PYTHONHASHSEED, and upcall order must not depend on it.
         for m in self.leaf.nodes():
             if m not in before:
                 self.notify_update(m, True)

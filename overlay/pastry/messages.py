@@ -25,6 +25,10 @@ tag    message           role (paper section)
 39     RowReply          the requested entries (R&D §2.5; MSPastry §3.3)
 40     TableAnnounce     a newly ready node → its routing-table entries, with the RTT it
                          measured (symmetric-RTT PNS seed, MSPastry §3.1)
+41     NearbyRequest     joiner → seed / closer node before joining: "your leaf set
+                         (row -1) or routing row r" — nearby-node discovery (Castro et
+                         al. 2002 §4; FreePastry ``PNSApplication.getNearest``)
+42     NearbyReply       the leaf set or row, for the joiner to probe
 =====  ================  ================================================================
 """
 
@@ -116,3 +120,18 @@ class RowReply(Message):
 @attrs.frozen(slots=True)
 class TableAnnounce(Message):
     rtt_s: float  # measured by the sender; < 0 when unknown
+
+
+@register(41)
+@attrs.frozen(slots=True)
+class NearbyRequest(Message):
+    nonce: int
+    row: int  # -1 = the leaf set
+
+
+@register(42)
+@attrs.frozen(slots=True)
+class NearbyReply(Message):
+    nonce: int
+    row: int
+    entries: Handles

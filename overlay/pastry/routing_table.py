@@ -70,6 +70,14 @@ class RoutingTable:
                 out.extend(h for h in r if h is not None)
         return tuple(out)
 
+    def rows_between(self, first: int, last: int) -> tuple[NodeHandle, ...]:
+        """Every entry of rows first..last (inclusive; empty when first > last)."""
+        out: list[NodeHandle] = []
+        for r in self.rows[max(0, first) : last + 1]:
+            if r is not None:
+                out.extend(h for h in r if h is not None)
+        return tuple(out)
+
     def populated_rows(self) -> list[int]:
         return [i for i, r in enumerate(self.rows) if r is not None and any(r)]
 
