@@ -7,7 +7,6 @@ User mistakes print one line on stderr and exit non-zero, never a traceback: eve
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -32,14 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
-        mod.register(sub)
+    bench.register_modules(sub, COMMAND_MODULES)
     bp = sub.add_parser("bench", help="run a benchmark and print its figures (JSON with --json)")
     bsub = bp.add_subparsers(dest="bench", metavar="NAME")
     bsub.required = True

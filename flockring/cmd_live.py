@@ -367,14 +367,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n{ok}/{args.lookups} lookups reached the numerically closest node")
         return 0 if ok == args.lookups else 1
     finally:
-        for p in procs:
+        stop_processes(procs)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout_s: float = 5.0) -> None:
+    """SIGTERM every process still running, then wait for each; kill one that outlives
+    ``timeout_s`` (``demo`` and the tests that start ``flockring node`` processes use it)."""
+    for p in procs:
+        if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 # ------------------------------------------------------------------ registration

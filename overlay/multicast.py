@@ -42,19 +42,22 @@ Vishnevsky et al.'s self-organising trees):
   The messages are top-level wire messages (no ``DirectMsg`` wrapper); :func:`attach` installs
   their handlers once per core class. A leaf remembers its answer as a tuple of plain values
   keyed by ints, which the cyclic GC does not track.
+
+Split by concern: this module is the application's public API, the root side (starting a query,
+merging the redundant trees) and query handling on a child; :mod:`overlay.multicast_protocol`
+holds the per-node tree protocol (dispatch, answers, deadlines, repair, reliable replies) and
+:mod:`overlay.multicast_session` its bookkeeping records. Public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId, ring_distance
-from overlay.kbr import BaseApplication
 from overlay.messages import Message
 from overlay.multicast_api import (
     BUILTIN_AGGREGATORS,
@@ -66,17 +69,17 @@ from overlay.multicast_api import (
     ResultCallback,
     UnknownAggregatorError,
 )
-from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck, Range
+from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck
+from overlay.multicast_protocol import TreeProtocol
 from overlay.multicast_ranges import (
     CCW,
     CW,
     in_region,
     intersect,
-    normalize,
     region_to_cw,
 )
-from overlay.multicast_tree import inside_region, partition, region_members
-from overlay.runtime import Timer
+from overlay.multicast_session import INF, Pair
+from overlay.multicast_tree import inside_region, region_members
 
 if TYPE_CHECKING:
     from overlay.kbr import KbrCore
@@ -98,129 +101,12 @@ __all__ = [
 #: the name the multicast application is registered under on every core.
 MULTICAST_APP = "multicast"
 
-_INF = float("inf")
-_NO_SESSIONS: dict[int, Any] = {}  # shared empty map until a node first holds a session
-_EPS = 1e-9
-
-
-_SENT, _ACKED, _ANSWERED, _FAILED = 0, 1, 2, 3
-
-#: a leaf's remembered answer (value, missing, nodes), re-sent when its parent retransmits
-_Cached = tuple[Any, tuple[Range, ...], int]
-
-
-class _Child:
-    __slots__ = ("ack_by", "attempts", "deadline", "handle", "msg", "sent_at", "state")
-
-    def __init__(self, handle: NodeHandle, msg: McQuery, now: float, ack_by: float) -> None:
-        self.handle = handle
-        self.msg = msg
-        self.sent_at = now
-        self.ack_by = ack_by
-        self.deadline = now + msg.budget_s + msg.level_s
-        self.attempts = 0
-        self.state = _SENT
-
-
-class _Session:
-    """One node's part in one tree of one query (exists only on internal nodes and roots)."""
-
-    __slots__ = (
-        "acc",
-        "agg",
-        "answer_by",
-        "arg",
-        "children",
-        "closed",
-        "depth",
-        "direction",
-        "early",
-        "level_s",
-        "missing",
-        "n_est",
-        "name",
-        "nodes",
-        "on_done",
-        "p_slot",
-        "p_token",
-        "parent",
-        "pending",
-        "qid",
-        "reply",
-        "t0",
-        "timer",
-        "token",
-    )
-
-    def __init__(self, token: int, qid: int, name: str, agg: Aggregator, arg: Any) -> None:
-        self.token = token
-        self.qid = qid
-        self.name = name
-        self.agg = agg
-        self.arg = arg
-        self.direction = CW
-        self.level_s = 1.0
-        self.n_est = 1
-        self.parent: NodeHandle | None = None
-        self.p_token = 0
-        self.p_slot = 0
-        self.acc: Any = None
-        self.nodes = 0
-        self.depth = 0
-        self.missing: list[Range] = []
-        self.children: list[_Child] = []
-        self.pending = 0
-        self.answer_by = _INF
-        self.timer: Timer | None = None
-        self.on_done: ResultCallback | None = None
-        self.t0 = 0.0
-        self.early = False
-        self.closed = False
-        self.reply: McReply | None = None  # kept until acknowledged
-
-
-class _Pair:
-    """Root-side merge of the two redundant trees."""
-
-    __slots__ = ("agg", "arg", "cb", "done", "results")
-
-    def __init__(self, agg: Aggregator, arg: Any, cb: ResultCallback) -> None:
-        self.agg = agg
-        self.arg = arg
-        self.cb = cb
-        self.results: list[MulticastResult] = []
-        self.done = False
-
 
 # ---------------------------------------------------------------------- the application
-class Multicast(BaseApplication):
+class Multicast(TreeProtocol):
     """The per-node multicast/aggregation application (register it with :func:`attach`)."""
 
-    __slots__ = (
-        "_aggs",
-        "_estimate",
-        "_recent",
-        "_sessions",
-        "_token",
-        "config",
-        "core",
-        "listeners",
-    )
-
-    default_config: ClassVar[MulticastConfig] = MulticastConfig()
-
-    def __init__(self, core: KbrCore, config: MulticastConfig | None = None) -> None:
-        self.core = core
-        self.config = config if config is not None else self.default_config
-        self._aggs: dict[str, Aggregator] | None = None
-        self._sessions: dict[int, _Session] = _NO_SESSIONS
-        #: (parent id, token, slot) of recent queries -> None (internal node: re-ack a
-        #: duplicate) or a leaf's answer (value, missing, nodes), re-sent on a duplicate
-        self._recent: dict[tuple[int, int, int], _Cached | None] | None = None
-        self._token = 0
-        self._estimate: tuple[float, int] | None = None
-        #: dissemination listeners: ``fn(payload)`` for every :meth:`broadcast` reaching us.
-        self.listeners: list[Callable[[Any], None]] | tuple[()] = ()
+    __slots__ = ()
 
     # ------------------------------------------------------------------ public API
     def add_aggregator(self, name: str, agg: Aggregator) -> None:
@@ -282,9 +168,9 @@ class Multicast(BaseApplication):
         ccw_b, ccw_e = (b, e) if b == e else (NodeId((e - 1) % RING), NodeId((b - 1) % RING))
         lvl = self.config.level_s if level_s is None else level_s
         n_est = self.estimate_size()
-        answer_by = rt.now() + timeout_s if timeout_s is not None else _INF
+        answer_by = rt.now() + timeout_s if timeout_s is not None else INF
         if direction == "both":
-            pair = _Pair(a, arg, on_done)
+            pair = Pair(a, arg, on_done)
             local = self._local_value(a, arg, CW, b, e)
 
             def pair_cb(r: MulticastResult) -> None:
@@ -392,7 +278,7 @@ class Multicast(BaseApplication):
             self._dispatch(s, b, e, None, self.config.relay_ttl)
         self._settle(s)
 
-    def _pair_done(self, p: _Pair, r: MulticastResult) -> None:
+    def _pair_done(self, p: Pair, r: MulticastResult) -> None:
         if p.done:
             return
         p.results.append(r)
@@ -482,285 +368,6 @@ class Multicast(BaseApplication):
             # only nodes that must wait acknowledge: a leaf's immediate answer is its ack
             send(src, McAck(q.token, q.slot))
         self._settle(s)
-
-    def _new_session(self, qid: int, name: str, a: Aggregator, arg: Any) -> _Session:
-        self._token += 1
-        s = _Session(self._token, qid, name, a, arg)
-        if self._sessions is _NO_SESSIONS:
-            self._sessions = {}
-        self._sessions[s.token] = s
-        return s
-
-    def _dispatch(
-        self,
-        s: _Session,
-        b: NodeId,
-        e: NodeId,
-        avoid: NodeId | None,
-        ttl: int,
-        pts: list[NodeHandle] | None = None,
-    ) -> None:
-        """Give every known node of region (b, e) its sub-region, or relay towards it."""
-        core = self.core
-        d = s.direction
-        if pts is None:
-            pts = region_members(core, d, b, e, avoid)
-        me = core.id
-        if not pts:
-            if b == me or inside_region(d, me, b, e):
-                return  # only this node: a leaf
-            self._relay(s, b, e, avoid, ttl)
-            return
-        send_child = self._send_child
-        ttl = self.config.relay_ttl
-        for c, sb, se in partition(me, d, b, e, pts):
-            send_child(s, c, sb, se, None, ttl)
-
-    def _relay(self, s: _Session, b: NodeId, e: NodeId, avoid: NodeId | None, ttl: int) -> None:
-        """This node is outside (b, e) and knows nobody inside: hand the region to the overlay's
-        next hop towards its start; if this node is the closest, the region is empty."""
-        lo, hi = region_to_cw(s.direction, b, e)
-        if ttl <= 0:
-            s.missing.append((NodeId(lo), NodeId(hi)))
-            return
-        core = self.core
-        nh = core.next_hop(b)
-        if nh is not None and nh.id == avoid:
-            nh = core.next_hop(b, {nh})
-        if nh is None or nh == core.handle:
-            return  # nobody closer to the region knows of it: it holds no node
-        self._send_child(s, nh, b, e, avoid, ttl - 1)
-
-    def _send_child(
-        self,
-        s: _Session,
-        h: NodeHandle,
-        b: NodeId,
-        e: NodeId,
-        avoid: NodeId | None,
-        ttl: int,
-    ) -> None:
-        core = self.core
-        now = core.runtime.now()
-        lvl = s.level_s
-        cfg = self.config
-        d = s.direction
-        w = (e - b) % RING if d > 0 else (b - e) % RING
-        size = s.n_est * (w if w else RING) / RING
-        budget = lvl * (cfg.depth_factor * math.log2(size + 1.0) + cfg.slack_levels)
-        room = s.answer_by - now - lvl
-        if room < budget:
-            budget = room
-            if budget < 0.0:  # no time left for this sub-region: report it, do not send
-                lo, hi = region_to_cw(d, b, e)
-                s.missing.append((NodeId(lo), NodeId(hi)))
-                return
-        children = s.children
-        msg = McQuery(
-            s.qid, s.name, s.arg, d, b, e, budget, lvl, s.n_est, ttl, avoid,
-            s.token, len(children),
-        )  # fmt: skip
-        ack_by = now + core.prox.rto(h) if cfg.acks else _INF
-        children.append(_Child(h, msg, now, ack_by))
-        s.pending += 1
-        core.runtime.send(h, msg)
-
-    # ------------------------------------------------------------------ answers
-    def _on_ack(self, src: NodeHandle, m: McAck) -> None:
-        s = self._sessions.get(m.token)
-        if s is None or s.closed or m.slot >= len(s.children):
-            return
-        c = s.children[m.slot]
-        if c.state == _SENT and c.handle == src:
-            c.state = _ACKED
-            if c.attempts == 0:  # Karn's rule
-                core = self.core
-                core.prox.sample(src, core.runtime.now() - c.sent_at)
-
-    def _on_reply(self, src: NodeHandle, m: McReply) -> None:
-        if m.ctoken:
-            self.core.runtime.send(src, McReplyAck(m.ctoken))
-        s = self._sessions.get(m.token)
-        if s is None or s.closed or m.slot >= len(s.children):
-            return  # late answer to a finished session
-        c = s.children[m.slot]
-        if c.state >= _ANSWERED or c.handle != src:
-            return
-        c.state = _ANSWERED
-        s.pending -= 1
-        v = m.value
-        if v is not None:
-            s.acc = v if s.acc is None else s.agg.reduce(s.arg, s.acc, v)
-            s.nodes += m.nodes
-        if m.depth >= s.depth:
-            s.depth = m.depth + 1
-        if m.missing:
-            s.missing.extend(m.missing)
-        if m.early:
-            s.early = True
-        if v is not None and s.agg.done(s.arg, s.acc):
-            s.early = True
-            self._finish(s)
-        elif s.pending == 0:
-            self._finish(s)
-
-    def _settle(self, s: _Session) -> None:
-        """After dispatching: finish at once if nothing is pending, else arm the one timer."""
-        if s.pending == 0 or s.early:
-            self._finish(s)
-            return
-        self._arm(s)
-
-    def _arm(self, s: _Session) -> None:
-        t = _INF
-        for c in s.children:
-            st = c.state
-            if st == _SENT:
-                if c.ack_by < t:
-                    t = c.ack_by
-                if c.deadline < t:
-                    t = c.deadline
-            elif st == _ACKED and c.deadline < t:
-                t = c.deadline
-        if t == _INF:
-            return
-        rt = self.core.runtime
-        s.timer = rt.call_later(t - rt.now(), lambda: self._on_timer(s))
-
-    def _on_timer(self, s: _Session) -> None:
-        s.timer = None
-        if s.closed:
-            return
-        core = self.core
-        now = core.runtime.now() + _EPS
-        cfg = self.config
-        i = 0
-        while i < len(s.children):  # repairs may append children while we walk
-            c = s.children[i]
-            i += 1
-            st = c.state
-            if st >= _ANSWERED:
-                continue
-            if c.deadline <= now:
-                self._child_failed(s, c, dead=st == _SENT and cfg.acks)
-            elif st == _SENT and c.ack_by <= now:
-                if c.attempts < cfg.ack_retries:
-                    c.attempts += 1
-                    core.stats["multicast_retransmits"] += 1
-                    rto = core.prox.rto(c.handle) * (2**c.attempts)
-                    c.ack_by = now + rto
-                    core.runtime.send(c.handle, c.msg)
-                else:
-                    self._child_failed(s, c, dead=True)
-        if s.closed:
-            return
-        if s.pending == 0:
-            self._finish(s)
-        else:
-            self._arm(s)
-
-    def _child_failed(self, s: _Session, c: _Child, dead: bool) -> None:
-        c.state = _FAILED
-        s.pending -= 1
-        q = c.msg
-        d = s.direction
-        core = self.core
-        core.stats["multicast_child_missing"] += 1
-        cid = c.handle.id
-        if dead:
-            core.prox.suspect(c.handle)
-        if not (dead and self.config.repair):
-            lo, hi = region_to_cw(d, q.begin, q.end)
-            s.missing.append((NodeId(lo), NodeId(hi)))
-            return
-        core.stats["multicast_repairs"] += 1
-        if not in_region(d, cid, q.begin, q.end):
-            # a relay towards the region died: hand the region to another next hop (the dead
-            # one is suspected now, so the overlay routes around it); bounded by the ttl
-            self._dispatch(s, q.begin, q.end, cid, q.ttl - 1)
-            return
-        # the child itself is missing; the rest of its sub-region is dispatched again
-        s.missing.append((cid, NodeId((cid + 1) % RING)))
-        ttl = self.config.relay_ttl
-        if q.begin != cid:  # the stretch before the child, which it was to cover too
-            self._dispatch(s, q.begin, cid, cid, ttl)
-        rb = NodeId((cid + d) % RING)
-        if rb != q.end:
-            self._dispatch(s, rb, q.end, cid, ttl)
-
-    def _finish(self, s: _Session) -> None:
-        if s.closed:
-            return
-        s.closed = True
-        if s.timer is not None:
-            s.timer.cancel()
-            s.timer = None
-        if s.parent is not None:
-            cfg = self.config
-            want_ack = cfg.acks and cfg.reply_retries > 0
-            rep = McReply(
-                s.p_token,
-                s.p_slot,
-                s.acc,
-                tuple(s.missing),
-                s.depth,
-                s.nodes,
-                s.early,
-                s.token if want_ack else 0,
-            )
-            self.core.runtime.send(s.parent, rep)
-            if want_ack:  # keep the session as the retransmission record until acknowledged
-                s.reply = rep
-                s.children = []
-                s.pending = 0
-                self._arm_reply(s, 0)
-                return
-            del self._sessions[s.token]
-            return
-        del self._sessions[s.token]
-        cb = s.on_done
-        if cb is not None:
-            cb(
-                MulticastResult(
-                    value=s.acc,
-                    missing=tuple(normalize(s.missing)),
-                    depth=s.depth,
-                    elapsed_s=self.core.runtime.now() - s.t0,
-                    nodes=s.nodes,
-                    early=s.early,
-                    qid=s.qid,
-                )
-            )
-
-    # ------------------------------------------------------------------ reliable replies
-    def _arm_reply(self, s: _Session, attempt: int) -> None:
-        parent = s.parent
-        if parent is None:
-            return
-        rt = self.core.runtime
-        rto = self.core.prox.rto(parent) * (2**attempt)
-        s.timer = rt.call_later(rto, lambda: self._reply_timeout(s, attempt))
-
-    def _reply_timeout(self, s: _Session, attempt: int) -> None:
-        s.timer = None
-        if s.reply is None or s.parent is None or self._sessions.get(s.token) is not s:
-            return
-        if attempt >= self.config.reply_retries:
-            self.core.stats["multicast_reply_given_up"] += 1
-            del self._sessions[s.token]
-            return
-        self.core.stats["multicast_reply_retransmits"] += 1
-        self.core.runtime.send(s.parent, s.reply)
-        self._arm_reply(s, attempt + 1)
-
-    def _on_reply_ack(self, m: McReplyAck) -> None:
-        s = self._sessions.get(m.token)
-        if s is None or s.reply is None:
-            return
-        if s.timer is not None:
-            s.timer.cancel()
-            s.timer = None
-        del self._sessions[s.token]
 
 
 # ---------------------------------------------------------------------- receive handlers

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from overlay.errors import ConfigError, OverlayError
+from overlay.errors import OverlayError
 from overlay.ids import NodeId
 from overlay.multicast_messages import Range
+from overlay.validators import non_negative, positive
 
 if TYPE_CHECKING:
     from overlay.multicast import Multicast
@@ -26,28 +27,18 @@ class UnknownAggregatorError(OverlayError, KeyError):
         return str(self.args[0]) if self.args else "unknown aggregator"
 
 
-def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
-
-
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
-
-
 @attrs.frozen
 class MulticastConfig:
     """Knobs of the multicast application (per node; the root's values travel in the query)."""
 
     #: allowance for one tree level: query down + answer up + processing. PonD's WAN model has
     #: one-way edges of 200–600 ms, so an RTT up to 1.2 s; 2 s leaves room for a retransmission.
-    level_s: float = attrs.field(default=2.0, validator=_positive)
+    level_s: float = attrs.field(default=2.0, validator=positive)
     #: expected depth of a partition tree over s nodes is depth_factor · log2(s + 1) levels
     #: (the issue's bound: depth ≤ 2·log2 N).
-    depth_factor: float = attrs.field(default=2.0, validator=_positive)
+    depth_factor: float = attrs.field(default=2.0, validator=positive)
     #: extra levels of budget per child, so estimation error does not cut healthy subtrees.
-    slack_levels: float = attrs.field(default=3.0, validator=_non_negative)
+    slack_levels: float = attrs.field(default=3.0, validator=non_negative)
     #: acknowledge queries so that a dead child is found in about one RTO, not one deadline.
     acks: bool = True
     #: retransmissions of an unacknowledged query before the child is presumed dead: 1 finds a
@@ -55,19 +46,19 @@ class MulticastConfig:
     #: within the parent's budget. Each try has two legs that can be lost, so at 0.25 % loss
     #: about 2.5e-5 of live children are presumed dead: each costs that one node (reported as
     #: missing; its sub-region is repaired). 2 makes that 1e-7 but detection takes 7 s.
-    ack_retries: int = attrs.field(default=1, validator=_non_negative)
+    ack_retries: int = attrs.field(default=1, validator=non_negative)
     #: retransmissions of an unacknowledged reply (internal nodes; a leaf re-sends its cached
     #: reply when the parent retransmits the query). Needs ``acks``.
-    reply_retries: int = attrs.field(default=3, validator=_non_negative)
+    reply_retries: int = attrs.field(default=3, validator=non_negative)
     #: re-dispatch the sub-region of a child presumed dead (its own id is reported missing).
     repair: bool = True
     #: relay hops allowed to enter a region from outside before it is reported missing.
-    relay_ttl: int = attrs.field(default=32, validator=_positive)
+    relay_ttl: int = attrs.field(default=32, validator=positive)
     #: remembered (parent, token, slot) of recent queries, to ignore retransmitted duplicates.
-    dedupe_window: int = attrs.field(default=32, validator=_positive)
+    dedupe_window: int = attrs.field(default=32, validator=positive)
     #: nearest ring neighbours used to estimate the ring size at the root (from their spread;
     #: 4 = the small-world near connections, 2 per side, DESIGN §2.3).
-    estimate_neighbors: int = attrs.field(default=4, validator=_positive)
+    estimate_neighbors: int = attrs.field(default=4, validator=positive)
 
 
 # ---------------------------------------------------------------------- aggregation plug-ins

@@ -19,11 +19,14 @@ Theory of operation (DESIGN §1.1, §3; the h11/aioquic "sans-io core + thin dri
   :meth:`Node.probe` waits on a proximity callback. Timeouts map to our own exceptions.
 * A small read-only control protocol (status and lookup requests, tags 16–19) lets the CLI and
   operators ask a running node about itself and about who is responsible for a key.
+
+Split by concern (each module re-exported here): :mod:`overlay.node_runtime` (the Runtime: clock,
+timer heap, sends), :mod:`overlay.node_apps` (application endpoints and the lookup application),
+:mod:`overlay.node_control` (the control messages and :class:`ControlClient`).
 """
 
 from __future__ import annotations
 
-import heapq
 import importlib
 import logging
 import math
@@ -33,7 +36,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-import attrs
 import trio
 
 from overlay.errors import (
@@ -46,9 +48,19 @@ from overlay.handle import Address, NodeHandle
 from overlay.identity import Identity
 from overlay.ids import NodeId
 from overlay.kbr import KbrCore
-from overlay.messages import Message, register
+from overlay.messages import Message
 from overlay.multicast import Multicast
 from overlay.multicast import attach as attach_multicast
+from overlay.node_apps import LOOKUP_APP, Delivery, Endpoint, LookupApp
+from overlay.node_control import (
+    ControlClient,
+    LookupReply,
+    LookupRequest,
+    StatusReply,
+    StatusRequest,
+    await_reply,
+)
+from overlay.node_runtime import TrioRuntime, exit_nursery
 from overlay.wire import Wire, WireError, encode_message, intern_handle
 from transports.address import AddressError, parse_address
 from transports.auth import Signer, Verifier
@@ -56,7 +68,9 @@ from transports.base import Transport
 from transports.codec import Limits
 
 __all__ = [
+    "LOOKUP_APP",
     "ControlClient",
+    "CoreFactory",
     "Delivery",
     "Endpoint",
     "LookupReply",
@@ -65,6 +79,7 @@ __all__ = [
     "ProbeError",
     "StatusReply",
     "StatusRequest",
+    "iter_handles",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,7 +91,6 @@ _OVERLAYS: dict[str, tuple[str, str]] = {
     "smallworld": ("overlay.smallworld.core", "SmallWorldCore"),
 }
 
-LOOKUP_APP = "flockring.lookup"
 #: datagrams handled per wake-up of the receive task before it yields to the scheduler
 _BURST = 64
 
@@ -85,294 +99,6 @@ class ProbeError(OverlayError):
     """A probed peer did not answer (declared dead) or the probe timed out."""
 
 
-# ------------------------------------------------------------------------ control messages
-@register(16)
-@attrs.frozen(slots=True)
-class StatusRequest(Message):
-    """Ask a node to describe itself (answered with :class:`StatusReply`)."""
-
-    nonce: int
-
-
-@register(17)
-@attrs.frozen(slots=True)
-class StatusReply(Message):
-    """A node's self-description: what ``flockring status`` prints."""
-
-    nonce: int
-    handle: NodeHandle
-    overlay: str
-    ready: bool
-    uptime_s: float
-    leaf_set: tuple[NodeHandle, ...]
-    routing_rows: tuple[int, ...]  # filled entries per routing-table row (Pastry)
-    known: int
-    stats: tuple[tuple[str, int], ...]
-
-
-@register(18)
-@attrs.frozen(slots=True)
-class LookupRequest(Message):
-    """Ask a node to route a lookup for ``key``; the responsible node answers the asker."""
-
-    nonce: int
-    key: NodeId
-
-
-@register(19)
-@attrs.frozen(slots=True)
-class LookupReply(Message):
-    """Sent by the node responsible for ``key`` straight to whoever asked."""
-
-    nonce: int
-    key: NodeId
-    responsible: NodeHandle
-    entry: NodeHandle
-
-
-@attrs.frozen(slots=True)
-class Delivery:
-    """One payload delivered to an application endpoint."""
-
-    key: NodeId
-    payload: Any
-    src: NodeHandle
-
-
-async def _exit_nursery(
-    cm: Any,
-    exc_type: type[BaseException] | None,
-    exc: BaseException | None,
-    tb: TracebackType | None,
-) -> bool | None:
-    """Close a nursery owned by an async context manager without wrapping the body's exception.
-
-    trio wraps whatever leaves a nursery in an ExceptionGroup; the caller of ``async with node``
-    should see its own ``JoinError`` (or assertion) unwrapped, as if no nursery were involved.
-    """
-    try:
-        result: bool | None = await cm.__aexit__(exc_type, exc, tb)
-    except BaseExceptionGroup as eg:
-        if exc is not None and _only(eg, exc):
-            return False
-        raise
-    return result
-
-
-def _only(eg: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
-    """True if ``eg`` holds ``exc`` and otherwise only cancellations (outer scope cancelled)."""
-    found = False
-    stack: list[BaseException] = [eg]
-    while stack:
-        e = stack.pop()
-        if e is exc:
-            found = True
-        elif isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        elif not isinstance(e, trio.Cancelled):
-            return False
-    return found
-
-
-# ------------------------------------------------------------------------ trio runtime
-class _TrioRuntime:
-    """The Runtime a core sees: trio clock, one timer heap, signed sends.
-
-    A timer is a plain mutable heap entry ``[when, seq, fn]``; ``cancel()`` clears ``fn``
-    (:class:`_Timer` is that list, so no extra object per timer). The timer task sleeps until
-    the earliest deadline; a new earlier timer wakes it.
-    """
-
-    __slots__ = ("_heap", "_n_cancelled", "_node", "_rng", "_seq", "_sleeping", "_wakeup")
-
-    def __init__(self, node: Node, rng: random.Random) -> None:
-        self._node = node
-        self._rng = rng
-        self._heap: list[_Timer] = []
-        self._seq = 0
-        self._wakeup: trio.Event | None = None
-        self._sleeping = math.inf  # the deadline the timer task sleeps until
-        self._n_cancelled = 0
-
-    @property
-    def rng(self) -> random.Random:
-        return self._rng
-
-    def now(self) -> float:
-        return trio.current_time()
-
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> _Timer:
-        if not delay_s >= 0:  # negative or NaN
-            delay_s = 0.0
-        when = trio.current_time() + delay_s
-        self._seq += 1
-        t = _Timer((when, self._seq, fn, self))
-        heap = self._heap
-        heapq.heappush(heap, t)
-        if when < self._sleeping and self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
-        # cancelled entries wait for their deadline in the heap; once they are the majority
-        # the heap is rebuilt (amortised O(1); keeps ~1 KiB of dead timers off each node)
-        if self._n_cancelled > 8 and self._n_cancelled > len(heap) // 2:
-            self._heap = [e for e in heap if e[2] is not None]
-            heapq.heapify(self._heap)
-            self._n_cancelled = 0
-        return t
-
-    def send(self, dst: NodeHandle, msg: Message) -> None:
-        self._node._send(dst.address, msg, dst.id)
-
-    def send_address(self, address: Address, msg: Message) -> None:
-        self._node._send(address, msg, None)
-
-    async def run(self) -> None:
-        node = self._node
-        while not node._closed:
-            now = trio.current_time()
-            heap = self._heap
-            while heap and heap[0][0] <= now:
-                t = heapq.heappop(heap)
-                fn = t[2]
-                if fn is None:
-                    self._n_cancelled -= 1
-                    continue
-                t[2] = None  # fired: a later cancel() is a no-op
-                try:
-                    fn()
-                except Exception:
-                    node._counters["timer_errors"] += 1
-                    log.exception("timer callback failed on %r", node.handle)
-            deadline = heap[0][0] if heap else math.inf
-            if deadline <= trio.current_time():
-                await trio.lowlevel.checkpoint()  # timers fell due while firing: yield, go on
-                continue
-            wakeup = self._wakeup = trio.Event()
-            self._sleeping = deadline
-            with trio.move_on_at(deadline):
-                await wakeup.wait()
-            self._sleeping = -math.inf  # awake: call_later need not wake us
-            self._wakeup = None
-
-
-class _Timer(list[Any]):
-    """A heap entry ``[when, seq, fn | None, runtime]`` that is also the Timer handle.
-
-    A list subclass without ``__lt__``: heapq compares entries in C (``when``, then the unique
-    ``seq``), and the entry needs no separate handle object.
-    """
-
-    __slots__ = ()
-
-    def cancel(self) -> None:
-        if self[2] is not None:
-            self[2] = None
-            self[3]._n_cancelled += 1
-
-
-# ------------------------------------------------------------------------ applications
-class Endpoint:
-    """A named application on a node: ``await route(key, payload)``; ``async for d in endpoint``.
-
-    Deliveries queue up to ``buffer`` items; beyond that they are dropped and counted
-    (``stats["app_queue_full"]``) — the core's callbacks never block.
-    """
-
-    def __init__(
-        self,
-        node: Node,
-        name: str,
-        buffer: int,
-        forward: Callable[[NodeId, Any, NodeHandle], NodeHandle | None] | None,
-        update: Callable[[NodeHandle, bool], None] | None,
-    ) -> None:
-        self.node = node
-        self.name = name
-        self._forward = forward
-        self._update = update
-        self._send, self._recv = trio.open_memory_channel[Delivery](buffer)
-
-    # upcalls from the core (Application protocol)
-    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        try:
-            self._send.send_nowait(Delivery(key, payload, src))
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            self.node._counters["app_queue_full"] += 1
-
-    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
-        if self._forward is None:
-            return next_hop
-        return self._forward(key, payload, next_hop)
-
-    def update(self, handle: NodeHandle, joined: bool) -> None:
-        if self._update is not None:
-            self._update(handle, joined)
-
-    # the async side
-    async def route(self, key: NodeId, payload: Any, hint: NodeHandle | None = None) -> None:
-        """Route ``payload`` to the node responsible for ``key`` (datagram semantics)."""
-        core = self.node._require_ready()
-        core.route(key, self.name, payload, hint)
-        await trio.lowlevel.checkpoint()
-
-    async def send(self, handle: NodeHandle, payload: Any) -> None:
-        """Send ``payload`` straight to one node's endpoint of the same name (no routing)."""
-        core = self.node._require_core()
-        core.send_direct(handle, self.name, payload)
-        await trio.lowlevel.checkpoint()
-
-    async def receive(self) -> Delivery:
-        """The next delivery (waits)."""
-        return await self._recv.receive()
-
-    def __aiter__(self) -> Endpoint:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        try:
-            return await self._recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    def close(self) -> None:
-        """Unregister; a pending ``async for`` ends."""
-        core = self.node._core
-        if core is not None and core.apps.get(self.name) is self:
-            core.unregister(self.name)
-        self._send.close()
-
-
-class _LookupApp:
-    """Built-in application answering ``LookupRequest``s on the responsible node."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        if (
-            not isinstance(payload, tuple)
-            or len(payload) != 3
-            or type(payload[0]) is not int
-            or not isinstance(payload[1], NodeHandle)
-            or not isinstance(payload[2], NodeHandle)
-        ):
-            self.node._counters["bad_lookup"] += 1
-            return
-        nonce, asker, entry = payload
-        reply = LookupReply(nonce, key, self.node.handle, entry)
-        if asker.id == self.node.id:
-            self.node._on_reply(reply)
-        else:
-            self.node._send(asker.address, reply, asker.id)
-
-    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
-        return next_hop
-
-    def update(self, handle: NodeHandle, joined: bool) -> None:
-        return None
-
-
-# ------------------------------------------------------------------------ the node
 class Node:
     """A live overlay node: ``async with Node(transport, overlay="pastry") as node``.
 
@@ -429,7 +155,7 @@ class Node:
         self._core: KbrCore | None = None
         #: the multicast/aggregation application on this node's core (set on entry)
         self.multicast: Multicast | None = None
-        self._runtime: _TrioRuntime | None = None
+        self._runtime: TrioRuntime | None = None
         self._nursery_cm: Any = None
         self._scope: trio.CancelScope | None = None
         self._use_reply_to = transport.address.startswith("tcp://")
@@ -516,7 +242,7 @@ class Node:
         return a + w
 
     # ------------------------------------------------------------------ lifecycle
-    def _make_core(self, runtime: _TrioRuntime) -> KbrCore:
+    def _make_core(self, runtime: TrioRuntime) -> KbrCore:
         factory = self._factory
         if isinstance(factory, str):
             mod_name, cls_name = _OVERLAYS[factory]
@@ -537,10 +263,10 @@ class Node:
     async def __aenter__(self) -> Node:
         if self._nursery_cm is not None:
             raise OverlayError("a Node can be entered only once")
-        runtime = _TrioRuntime(self, self._rng)
+        runtime = TrioRuntime(self, self._rng)
         self._runtime = runtime
         core = self._make_core(runtime)
-        core.register(LOOKUP_APP, _LookupApp(self))
+        core.register(LOOKUP_APP, LookupApp(self))
         # every live node takes part in multicast trees (aggregation for discovery queries)
         self.multicast = attach_multicast(core)
         self._core = core
@@ -567,7 +293,7 @@ class Node:
         tb: TracebackType | None,
     ) -> bool | None:
         self.leave()
-        return await _exit_nursery(self._nursery_cm, exc_type, exc, tb)
+        return await exit_nursery(self._nursery_cm, exc_type, exc, tb)
 
     def leave(self) -> None:
         """Leave the overlay cleanly (tell neighbours where the overlay supports it) and stop."""
@@ -799,120 +525,18 @@ class Node:
         """
         core = self._require_ready()
         nonce = self._rng.getrandbits(62)
-        done = trio.Event()
-        out: list[Message] = []
 
-        def waiter(reply: Message) -> None:
-            out.append(reply)
-            done.set()
+        def send() -> None:
+            core.route(key, LOOKUP_APP, (nonce, self.handle, self.handle))
 
-        self._ctl_waiters[nonce] = waiter
-        try:
-            for _ in range(3):
-                core.route(key, LOOKUP_APP, (nonce, self.handle, self.handle))
-                with trio.move_on_after(timeout_s / 3):
-                    await done.wait()
-                if out:
-                    r = out[0]
-                    assert isinstance(r, LookupReply)
-                    return r.responsible
-        finally:
-            self._ctl_waiters.pop(nonce, None)
-        raise OverlayError(f"lookup of {key.short()} got no answer within {timeout_s:g}s")
+        r = await await_reply(self._ctl_waiters, nonce, send, timeout_s)
+        if r is None:
+            raise OverlayError(f"lookup of {key.short()} got no answer within {timeout_s:g}s")
+        assert isinstance(r, LookupReply)
+        return r.responsible
 
     def __repr__(self) -> str:
         return f"<Node {self.id.short()}@{self.address} {self.overlay}>"
-
-
-class ControlClient:
-    """Talks the read-only control protocol to running nodes without joining (the CLI uses it).
-
-    ``async with ControlClient(transport) as c: await c.status(addr); await c.lookup(addr, key)``
-    """
-
-    def __init__(
-        self, transport: Transport, identity: Identity | None = None, *, signing: bool = True
-    ) -> None:
-        self.transport = transport
-        self.identity = identity if identity is not None else Identity.generate()
-        self._signer = (
-            Signer(self.identity.private_key)
-            if signing
-            else Signer(None, claimed_id=self.identity.id.to_bytes_be())
-        )
-        self._verifier = Verifier(require_signatures=signing, own_id=self.identity.id.to_bytes_be())
-        self._wire = Wire()
-        self._waiters: dict[int, Callable[[Message], None]] = {}
-        self._rng = random.Random()
-        self._nursery_cm: Any = None
-        self._nursery: trio.Nursery | None = None
-
-    async def __aenter__(self) -> ControlClient:
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
-        self._nursery = nursery
-        nursery.start_soon(self._receive_loop)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-        return await _exit_nursery(self._nursery_cm, exc_type, exc, tb)
-
-    async def _receive_loop(self) -> None:
-        while True:
-            try:
-                _, data = await self.transport.receive()
-            except trio.ClosedResourceError:
-                return
-            opened = self._verifier.open(data)
-            if opened is None:
-                continue
-            msg = self._wire.decode(opened.body)
-            if isinstance(msg, (StatusReply, LookupReply)):
-                w = self._waiters.pop(msg.nonce, None)
-                if w is not None:
-                    w(msg)
-
-    async def _ask(self, address: str, msg: Message, nonce: int, timeout_s: float) -> Message:
-        done = trio.Event()
-        out: list[Message] = []
-
-        def waiter(reply: Message) -> None:
-            out.append(reply)
-            done.set()
-
-        self._waiters[nonce] = waiter
-        body = encode_message(msg)
-        try:
-            for _ in range(3):  # datagrams may be lost: retry within the timeout
-                self.transport.send_nowait(address, self._signer.seal(self.transport.address, body))
-                with trio.move_on_after(timeout_s / 3):
-                    await done.wait()
-                if out:
-                    return out[0]
-        finally:
-            self._waiters.pop(nonce, None)
-        raise OverlayError(f"no answer from {address} within {timeout_s:g}s")
-
-    async def status(self, address: str, timeout_s: float = 3.0) -> StatusReply:
-        """The :class:`StatusReply` of the node at ``address``."""
-        nonce = self._rng.getrandbits(62)
-        r = await self._ask(address, StatusRequest(nonce), nonce, timeout_s)
-        assert isinstance(r, StatusReply)
-        return r
-
-    async def lookup(self, address: str, key: NodeId, timeout_s: float = 5.0) -> LookupReply:
-        """Ask the node at ``address`` to route a lookup for ``key``; who answered, and via whom."""
-        nonce = self._rng.getrandbits(62)
-        r = await self._ask(address, LookupRequest(nonce, key), nonce, timeout_s)
-        assert isinstance(r, LookupReply)
-        return r
 
 
 def iter_handles(rows: Sequence[Sequence[NodeHandle]]) -> Iterator[NodeHandle]:

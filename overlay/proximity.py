@@ -30,10 +30,10 @@ from collections.abc import Set as AbstractSet
 
 import attrs
 
-from overlay.errors import ConfigError
 from overlay.handle import NodeHandle
 from overlay.messages import Message, register
 from overlay.runtime import Runtime, Timer
+from overlay.validators import positive
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +48,19 @@ class Liveness(enum.Enum):
     DEAD = "dead"
 
 
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
-
-
 @attrs.frozen
 class ProximityConfig:
     """RTT estimation and failure-detection knobs."""
 
-    initial_rto_s: float = attrs.field(default=1.0, validator=_positive)  # RFC 6298 §2.1
-    min_rto_s: float = attrs.field(default=0.05, validator=_positive)  # DESIGN §2.2
-    max_rto_s: float = attrs.field(default=10.0, validator=_positive)  # DESIGN §2.2
+    initial_rto_s: float = attrs.field(default=1.0, validator=positive)  # RFC 6298 §2.1
+    min_rto_s: float = attrs.field(default=0.05, validator=positive)  # DESIGN §2.2
+    max_rto_s: float = attrs.field(default=10.0, validator=positive)  # DESIGN §2.2
     alpha: float = 1 / 8  # RFC 6298 §2.3
     beta: float = 1 / 4  # RFC 6298 §2.3
     #: retransmissions of an unanswered probe before DEAD (MSPastry probes a few times).
     probe_retries: int = 3
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
-    dead_memory_s: float = attrs.field(default=300.0, validator=_positive)
+    dead_memory_s: float = attrs.field(default=300.0, validator=positive)
 
 
 @register(20)

@@ -45,7 +45,10 @@ class Runtime(Protocol):
     def send_address(self, address: Address, msg: Message) -> None: ...
 
 
-class _ManualTimer:
+class ManualTimer:
+    """A Timer as a plain record: ``fn`` to run, ``cancelled`` once cancelled (the test pumps
+    of :class:`ManualRuntime` and of the overlays' unit tests fire it themselves)."""
+
     __slots__ = ("cancelled", "fn")
 
     def __init__(self, fn: Callable[[], None]) -> None:
@@ -65,7 +68,7 @@ class ManualRuntime:
 
     def __init__(self, seed: int = 0, start_s: float = 0.0) -> None:
         self._now = start_s
-        self._heap: list[tuple[float, int, _ManualTimer]] = []
+        self._heap: list[tuple[float, int, ManualTimer]] = []
         self._seq = itertools.count()
         self._rng = random.Random(seed)
         self.sent: list[tuple[NodeHandle | Address, Message]] = []
@@ -78,7 +81,7 @@ class ManualRuntime:
         return self._now
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
-        t = _ManualTimer(fn)
+        t = ManualTimer(fn)
         heapq.heappush(self._heap, (self._now + max(0.0, delay_s), next(self._seq), t))
         return t
 

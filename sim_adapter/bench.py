@@ -31,7 +31,15 @@ BENCH_MODULES = (
 
 
 def register_all(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    for name in BENCH_MODULES:
+    register_modules(subparsers, BENCH_MODULES)
+
+
+def register_modules(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], names: Sequence[str]
+) -> None:
+    """Call ``register(subparsers)`` of each module in ``names`` that exists (a module not built
+    yet in this checkout is skipped; an import error inside an existing one is raised)."""
+    for name in names:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:

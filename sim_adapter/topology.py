@@ -52,6 +52,7 @@ import attrs
 import networkx as nx
 
 from overlay.errors import ConfigError
+from overlay.validators import positive
 
 __all__ = [
     "LinkDelays",
@@ -63,11 +64,6 @@ __all__ = [
 
 TRANSIT = "transit"
 STUB = "stub"
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
 
 
 def _jitter_ok(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -84,12 +80,12 @@ class LinkDelays:
     1 ms, like a LAN link. Each link is drawn uniformly on mean·(1 ± jitter)·scale.
     """
 
-    transit_ms: float = attrs.field(default=100.0, validator=_positive)
-    transit_stub_ms: float = attrs.field(default=10.0, validator=_positive)
-    stub_ms: float = attrs.field(default=1.0, validator=_positive)
-    access_ms: float = attrs.field(default=1.0, validator=_positive)
+    transit_ms: float = attrs.field(default=100.0, validator=positive)
+    transit_stub_ms: float = attrs.field(default=10.0, validator=positive)
+    stub_ms: float = attrs.field(default=1.0, validator=positive)
+    access_ms: float = attrs.field(default=1.0, validator=positive)
     jitter: float = attrs.field(default=0.5, validator=_jitter_ok)
-    scale: float = attrs.field(default=1.0, validator=_positive)
+    scale: float = attrs.field(default=1.0, validator=positive)
 
     def draw_s(self, mean_ms: float, rng: random.Random) -> float:
         """One link's delay in seconds: uniform on mean·(1 ± jitter)·scale."""

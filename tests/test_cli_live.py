@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flockring.cmd_live import stop_processes
 from overlay.ids import NodeId, closer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,15 +61,7 @@ def start(n: int, join: list[str]) -> tuple[subprocess.Popen[str], list[tuple[in
 def procs() -> Iterator[list[subprocess.Popen[str]]]:
     ps: list[subprocess.Popen[str]] = []
     yield ps
-    for p in ps:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in ps:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_processes(ps)
 
 
 def oracle(ids: list[int], key: int) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from flockring.cmd_live import stop_processes
 from overlay.ids import NodeId, closer
 
 pytestmark = pytest.mark.netns
@@ -126,12 +126,4 @@ def test_three_hosts_form_one_ring(hosts: list[str]) -> None:
         assert r.returncode == 0, r.stderr
         assert len(json.loads(r.stdout)["leaf_set"]) == 2  # both other hosts
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)

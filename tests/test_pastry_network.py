@@ -9,35 +9,18 @@ from __future__ import annotations
 import math
 import random
 
+from sim_oracles import lookups, wrong_windows
+
 from overlay import NodeId
 from overlay.ids import RING
+from overlay.pastry import PastryConfig
+from sim_adapter.latency import TransitStub
 from sim_adapter.network import Network, SimNode
-
-
-def _lookups(net: Network, nodes: list[SimNode], n: int, seed: int) -> tuple[float, float]:
-    """(fraction delivered to ``closest_live``, mean hops) for ``n`` random lookups."""
-    rng = random.Random(seed)
-    live = [x for x in nodes if x.alive]
-    pairs = [(rng.choice(live), NodeId.random(rng)) for _ in range(n)]
-    res = net.lookup_many(pairs)
-    ok = sum(r.result == net.closest_live(k) for r, (_, k) in zip(res, pairs, strict=True))
-    return ok / n, sum(r.hops for r in res) / n
 
 
 def _wrong_leaf_sets(nodes: list[SimNode], half: int = 8) -> int:
     """How many live nodes' leaf sets differ from the L/2 live nodes each side (oracle)."""
-    live = [x for x in nodes if x.alive]
-    ids = sorted(int(x.id) for x in live)
-    pos = {v: i for i, v in enumerate(ids)}
-    m = len(ids)
-    wrong = 0
-    for x in live:
-        i = pos[int(x.id)]
-        want = {ids[(i + j) % m] for j in range(1, half + 1)}
-        want |= {ids[(i - j) % m] for j in range(1, half + 1)}
-        if {int(h.id) for h in x.core.leaf.nodes()} != want:  # type: ignore[attr-defined]
-            wrong += 1
-    return wrong
+    return wrong_windows(nodes, half, lambda x: x.core.leaf.nodes())  # type: ignore[attr-defined]
 
 
 def _dead_leaf_entries(net: Network) -> int:
@@ -55,7 +38,7 @@ def test_500_nodes_by_joins_route_every_lookup_to_the_closest_node() -> None:
     nodes = net.spawn(500, overlay="pastry")
     assert all(x.core.ready for x in nodes)
     assert _wrong_leaf_sets(nodes) == 0
-    ok, hops = _lookups(net, nodes, 2000, seed=1)
+    ok, hops = lookups(net, nodes, 2000, seed=1)
     assert ok == 1.0
     assert hops <= math.log(500, 16) + 0.5
 
@@ -67,7 +50,7 @@ def test_20_percent_crash_is_repaired_within_60_virtual_seconds() -> None:
     net.crash(random.Random(3).sample(nodes, 80))
     net.run(60)
     assert _dead_leaf_entries(net) == 0
-    ok, _ = _lookups(net, nodes, 2000, seed=2)
+    ok, _ = lookups(net, nodes, 2000, seed=2)
     assert ok == 1.0
     net.run(120)
     assert _wrong_leaf_sets(nodes) == 0
@@ -77,7 +60,7 @@ def test_5_percent_loss_still_delivers_99_percent_correctly() -> None:
     net = Network(seed=23, loss=0.05)
     nodes = net.spawn(300, overlay="pastry")
     net.run(60)
-    ok, _ = _lookups(net, nodes, 2000, seed=3)
+    ok, _ = lookups(net, nodes, 2000, seed=3)
     assert ok >= 0.99
 
 
@@ -95,7 +78,7 @@ def test_partition_into_two_halves_heals_after_links_return() -> None:
     net.heal()
     net.run(600)  # two partition-handler periods (300 s each)
     assert _wrong_leaf_sets(nodes) == 0
-    ok, _ = _lookups(net, nodes, 1000, seed=4)
+    ok, _ = lookups(net, nodes, 1000, seed=4)
     assert ok == 1.0
 
 
@@ -113,7 +96,35 @@ def test_oracle_build_routes_correctly_and_keeps_its_state_under_maintenance() -
     net = Network(seed=26)
     nodes = net.spawn(1500, overlay="pastry", build="oracle")
     assert net.message_count == 0
-    ok, hops = _lookups(net, nodes, 2000, seed=5)
+    ok, hops = lookups(net, nodes, 2000, seed=5)
     assert ok == 1.0 and hops <= math.log(1500, 16) + 0.5
     net.run(120)
     assert _wrong_leaf_sets(nodes) == 0
+
+
+def _row0_rtt(net: Network) -> float:
+    lat = net.latency
+    vals = [
+        lat.rtt_s(x.index, int(h.address))
+        for x in net.nodes
+        for h in x.core.routing_row(0)  # type: ignore[attr-defined]
+    ]
+    return sum(vals) / len(vals)
+
+
+def test_nearby_node_discovery_gives_closer_routing_tables_and_stays_consistent() -> None:
+    # Same ids, same placement: joins through the random seed vs joins through the nearest
+    # node found by the discovery walk (FreePastry getNearest). PNS quality = row-0 RTTs.
+    def build(cfg: PastryConfig) -> Network:
+        net = Network(seed=27, latency=TransitStub(seed=27))
+        nodes = net.spawn(250, overlay="pastry", config=cfg)
+        assert all(x.core.ready for x in nodes)
+        assert _wrong_leaf_sets(nodes) == 0
+        return net
+
+    plain = build(PastryConfig(join_locate_rounds=0))
+    near = build(PastryConfig())
+    assert _row0_rtt(near) < 0.8 * _row0_rtt(plain)
+    assert sum(x.core.stats["join_locate_requests"] for x in near.nodes) >= 249
+    ok, _ = lookups(near, near.nodes, 1000, seed=6)
+    assert ok == 1.0

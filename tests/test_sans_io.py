@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Driver modules that may do I/O (DESIGN §1): everything else in these packages is a core.
-DRIVERS = {"node.py", "testing.py", "live.py"}
+DRIVERS = {"node.py", "node_runtime.py", "node_apps.py", "node_control.py", "testing.py", "live.py"}
 FORBIDDEN_MODULES = {"trio", "socket", "time", "asyncio", "selectors", "threading"}
 
 

@@ -12,6 +12,7 @@ import math
 import random
 
 import pytest
+from sim_oracles import lookups, wrong_windows
 
 from overlay import NodeId
 from overlay.ids import RING, ring_distance
@@ -25,29 +26,9 @@ def _core(x: SimNode) -> SmallWorldCore:
     return x.core
 
 
-def _lookups(net: Network, nodes: list[SimNode], n: int, seed: int) -> tuple[float, float]:
-    """(fraction delivered to ``closest_live``, mean hops) for ``n`` random lookups."""
-    rng = random.Random(seed)
-    live = [x for x in nodes if x.alive]
-    pairs = [(rng.choice(live), NodeId.random(rng)) for _ in range(n)]
-    res = net.lookup_many(pairs)
-    ok = sum(r.result == net.closest_live(k) for r, (_, k) in zip(res, pairs, strict=True))
-    return ok / n, sum(r.hops for r in res) / n
-
-
 def _wrong_near(nodes: list[SimNode], k: int = 2) -> int:
     """How many live nodes' near windows differ from the k live nodes each side (oracle)."""
-    live = [x for x in nodes if x.alive]
-    ids = sorted(int(x.id) for x in live)
-    pos = {v: i for i, v in enumerate(ids)}
-    m = len(ids)
-    wrong = 0
-    for x in live:
-        i = pos[int(x.id)]
-        want = {ids[(i + d) % m] for d in range(-k, k + 1) if d}
-        if {int(h.id) for h in _core(x).near_connections()} != want:
-            wrong += 1
-    return wrong
+    return wrong_windows(nodes, k, lambda x: _core(x).near_connections())
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +45,7 @@ def test_1000_nodes_by_joins_route_every_lookup_to_the_closest_live_node(
     net, nodes = joined
     assert all(x.core.ready for x in nodes)
     assert _wrong_near(nodes) == 0
-    ok, hops = _lookups(net, nodes, 2000, seed=1)
+    ok, hops = lookups(net, nodes, 2000, seed=1)
     assert ok == 1.0
     assert hops < 8
 
@@ -88,7 +69,7 @@ def test_20000_nodes_by_oracle_route_every_lookup_to_the_closest_live_node() -> 
     cfg = SmallWorldConfig(maintenance_enabled=False)
     nodes = net.spawn(20000, overlay="smallworld", build="oracle", config=cfg)
     assert net.message_count == 0
-    ok, hops = _lookups(net, nodes, 2000, seed=2)
+    ok, hops = lookups(net, nodes, 2000, seed=2)
     assert ok == 1.0
     assert hops < 10  # issue 4: mean hops at 10^4 must not exceed 10
 
@@ -126,7 +107,7 @@ def _crash_and_recover(net: Network, nodes: list[SimNode], seed: int) -> None:
     dead = {v.handle for v in victims}
     live = [x for x in nodes if x.alive]
     assert not any(h in dead for x in live for h in _core(x).near_connections())
-    ok, _ = _lookups(net, nodes, 2000, seed=seed)
+    ok, _ = lookups(net, nodes, 2000, seed=seed)
     assert ok == 1.0
 
 
@@ -148,7 +129,7 @@ def test_20_percent_crash_recovers_within_60_s_joins_built(
 def test_lookups_survive_message_loss() -> None:
     net = Network(seed=8, loss=0.05)
     nodes = net.spawn(1000, overlay="smallworld", build="oracle")
-    ok, _ = _lookups(net, nodes, 1000, seed=8)
+    ok, _ = lookups(net, nodes, 1000, seed=8)
     assert ok == 1.0
 
 
@@ -158,7 +139,7 @@ def test_joins_onto_an_oracle_ring_and_kbr_queries() -> None:
     nodes += net.spawn(40, overlay="smallworld", build="joins")
     net.run(30.0)
     assert _wrong_near(nodes) == 0
-    ok, _ = _lookups(net, nodes, 1000, seed=9)
+    ok, _ = lookups(net, nodes, 1000, seed=9)
     assert ok == 1.0
     rng = random.Random(9)
     for x in rng.sample(nodes, 50):
@@ -213,7 +194,7 @@ def test_garbage_into_live_nodes_is_counted_and_harmless() -> None:
         x.core.receive(peer, ConnectReply(peer, 12, 0, ()))
         x.core.receive(peer, NearQuery("junk", 0, 0))  # type: ignore[arg-type]
     assert sum(x.core.stats["dropped_malformed"] for x in nodes) == 100
-    ok, _ = _lookups(net, nodes, 500, seed=11)
+    ok, _ = lookups(net, nodes, 500, seed=11)
     assert ok == 1.0
 
 
@@ -230,5 +211,5 @@ def test_shrinking_ring_trims_surplus_shortcuts_and_stays_correct() -> None:
         c = _core(x)
         assert len(c.shortcuts()) <= desired_shortcuts(c.n_hat, cfg) + cfg.shortcut_slack
     assert _wrong_near(nodes) == 0
-    ok, _ = _lookups(net, nodes, 1000, seed=12)
+    ok, _ = lookups(net, nodes, 1000, seed=12)
     assert ok == 1.0

@@ -20,7 +20,7 @@ from overlay.handle import Address, NodeHandle
 from overlay.ids import RING, NodeId, closer, ring_distance
 from overlay.kbr import BaseApplication, RouteMsg
 from overlay.messages import Message, register
-from overlay.runtime import ManualRuntime
+from overlay.runtime import ManualRuntime, ManualTimer
 from overlay.smallworld import (
     ConnectionTable,
     SmallWorldConfig,
@@ -214,17 +214,6 @@ def test_messages_round_trip_through_the_codec() -> None:
 
 
 # --------------------------------------------------------------------------- a tiny message pump
-class _Tm:
-    __slots__ = ("cancelled", "fn")
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
 class MiniNet:
     """All cores on one virtual clock; every datagram takes ``delay_s``; dead nodes drop."""
 
@@ -232,7 +221,7 @@ class MiniNet:
         self.rng = random.Random(seed)
         self.now = 0.0
         self.delay_s = delay_s
-        self.heap: list[tuple[float, int, _Tm]] = []
+        self.heap: list[tuple[float, int, ManualTimer]] = []
         self.seq = itertools.count()
         self.cores: list[SmallWorldCore] = []
         self.dead: set[int] = set()
@@ -244,8 +233,8 @@ class MiniNet:
         self.cores.append(c)
         return c
 
-    def at(self, delay: float, fn: Callable[[], None]) -> _Tm:
-        t = _Tm(fn)
+    def at(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
+        t = ManualTimer(fn)
         heapq.heappush(self.heap, (self.now + delay, next(self.seq), t))
         return t
 
@@ -287,7 +276,7 @@ class _PumpRuntime:
     def now(self) -> float:
         return self.net.now
 
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> _Tm:
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> ManualTimer:
         i = self.i
         return self.net.at(delay_s, lambda: None if i in self.net.dead else fn())
 

@@ -23,7 +23,7 @@ from types import TracebackType
 
 import trio
 
-from transports.codec import MAX_FRAME_BYTES
+from transports.endpoint import EndpointMixin
 from transports.errors import TransportConfigError
 
 __all__ = ["LatencyFn", "MemoryNetwork", "MemoryTransport"]
@@ -116,7 +116,7 @@ class MemoryNetwork:
         ep._push(trio.current_time() + max(0.0, delay), next(self._seq), src, data)
 
 
-class MemoryTransport:
+class MemoryTransport(EndpointMixin):
     """One endpoint of a :class:`MemoryNetwork` (implements ``transports.base.Transport``)."""
 
     def __init__(self, network: MemoryNetwork, address: str) -> None:
@@ -132,11 +132,7 @@ class MemoryTransport:
         return self._address
 
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
-        if self.closed:
-            self.stats["send_closed"] += 1
-            return
-        if len(data) > MAX_FRAME_BYTES:
-            self.stats["send_oversized"] += 1
+        if not self._admit(data):
             return
         self.stats["sent"] += 1
         self.stats["bytes_sent"] += len(data)
@@ -163,15 +159,6 @@ class MemoryTransport:
             self._wakeup = trio.Event()
             with trio.move_on_at(deadline):
                 await self._wakeup.wait()
-
-    def __aiter__(self) -> MemoryTransport:
-        return self
-
-    async def __anext__(self) -> tuple[str, bytes]:
-        try:
-            return await self.receive()
-        except trio.ClosedResourceError:
-            raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
         if self.closed:

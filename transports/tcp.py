@@ -43,6 +43,7 @@ from cryptography.x509.oid import NameOID
 
 from transports.address import AddressError, format_address, parse_address
 from transports.codec import MAX_FRAME_BYTES
+from transports.endpoint import EndpointMixin
 
 __all__ = [
     "TcpTransport",
@@ -117,7 +118,7 @@ class _Outgoing:
         self.send, self.recv = trio.open_memory_channel[bytes](queue_len)
 
 
-class TcpTransport:
+class TcpTransport(EndpointMixin):
     """A TCP listener plus reused outgoing connections (implements ``Transport``)."""
 
     def __init__(
@@ -156,11 +157,7 @@ class TcpTransport:
 
     # ------------------------------------------------------------------ sending
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
-        if self.closed:
-            self.stats["send_closed"] += 1
-            return
-        if len(data) > MAX_FRAME_BYTES:
-            self.stats["send_oversized"] += 1
+        if not self._admit(data):
             return
         conn = self._out.get(address)
         if conn is None:
@@ -306,15 +303,6 @@ class TcpTransport:
             return await self._recv_recv.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise trio.ClosedResourceError("TCP transport is closed") from None
-
-    def __aiter__(self) -> TcpTransport:
-        return self
-
-    async def __anext__(self) -> tuple[str, bytes]:
-        try:
-            return await self.receive()
-        except trio.ClosedResourceError:
-            raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
         if self.closed:

@@ -29,6 +29,7 @@ import trio
 
 from transports.address import AddressError, format_address, parse_address
 from transports.codec import MAX_FRAME_BYTES
+from transports.endpoint import EndpointMixin
 
 __all__ = ["UdpTransport", "open_udp"]
 
@@ -67,7 +68,7 @@ def _parse_dest(address: str) -> tuple[int, tuple[str, int]] | None:
     return fam, (host, port)
 
 
-class UdpTransport:
+class UdpTransport(EndpointMixin):
     """A bound UDP endpoint (implements ``transports.base.Transport``)."""
 
     __slots__ = ("_address", "_family", "_max_send", "_recv_buffer", "_std", "closed", "stats")
@@ -103,11 +104,7 @@ class UdpTransport:
         return d[1]
 
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
-        if self.closed:
-            self.stats["send_closed"] += 1
-            return
-        if len(data) > self._max_send:
-            self.stats["send_oversized"] += 1
+        if not self._admit(data, self._max_send):
             return
         dst = self._sockaddr(address)
         if dst is None:
@@ -158,15 +155,6 @@ class UdpTransport:
             got = self.receive_nowait()
             if got is not None:
                 return got
-
-    def __aiter__(self) -> UdpTransport:
-        return self
-
-    async def __anext__(self) -> tuple[str, bytes]:
-        try:
-            return await self.receive()
-        except trio.ClosedResourceError:
-            raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
         if self.closed:

@@ -46,6 +46,8 @@ from .messages import (
     LeafFailed,
     LeafSetReply,
     LeafSetRequest,
+    NearbyReply,
+    NearbyRequest,
     RowReply,
     RowRequest,
     TableAnnounce,
@@ -105,6 +107,8 @@ class PastryCore(KbrCore):
         add(RowRequest, self.maint.on_row_request)
         add(RowReply, self.maint.on_row_reply)
         add(TableAnnounce, self.maint.on_table_announce)
+        add(NearbyRequest, self.joiner.on_nearby_request)
+        add(NearbyReply, self.joiner.on_nearby_reply)
 
     # ------------------------------------------------------------------ driver-facing
     def start(self) -> None:

@@ -5,21 +5,36 @@ Theory of operation (Rowstron & Druschel 2001 §2.4 "node arrival"; MSPastry, Ca
 
 State machine of the joiner, as data (:class:`JoinState`)::
 
-    IDLE --join(seeds)--> JOINING --JoinReply--> PROBING --all leaves confirmed--> READY
-      \\--join([])--> READY          |  ^  timeout: retry the next seed, doubled timeout
-                                    v  |  (join_attempts exhausted → FAILED)
+    IDLE --join(seeds)--> LOCATING --near node found--> JOINING --JoinReply--> PROBING
+      \\--join([])--> READY      |                            |   --all leaves confirmed--> READY
+                                 timeout: retry the next seed, doubled timeout
+                                 (join_attempts exhausted → FAILED)
 
-1. JOINING: the joiner X sends :class:`JoinRequest` to a seed *address* (the only time it uses
-   ``send_address``). The seed routes a :class:`JoinPayload` to key X.id over the KBR (per-hop
-   acks and reroutes included). Every hop i, in the ``forward`` upcall, sends X its routing rows
-   0..l_i (:class:`JoinRows`; l_i = prefix hop i shares with X): those rows are valid rows of X.
-   The numerically closest node Z receives the ``deliver`` upcall and answers
-   :class:`JoinReply` with its leaf set (X's leaf set is Z's, shifted by one) and its rows.
+0. LOCATING — nearby-node discovery (Castro, Druschel, Hu & Rowstron 2002, "Exploiting network
+   proximity in peer-to-peer overlay networks" §4; FreePastry ``PNSApplication.getNearest``).
+   Proximity neighbour selection only pays if the join starts *near the joiner in the network*:
+   row i of X is taken from hop i of the join route, and hop 0's row 0 is near hop 0. So X first
+   asks the seed *address* for its leaf set (:class:`NearbyRequest` row -1; leaf sets are spread
+   over the whole network), probes the members, then repeatedly asks the closest node found for
+   its row 0 (entries near that node) and probes those, until the closest node stops improving or
+   ``join_locate_rounds`` round trips were spent. Each round waits at most
+   ``join_locate_wait_s`` for the pongs; every RTT measured here seeds X's routing table too.
+1. JOINING: X sends :class:`JoinRequest` to the nearest node found (or, with discovery off, to
+   the seed address). That node routes a :class:`JoinPayload` to key X.id over the KBR (per-hop
+   acks and reroutes included). Row r of X is sent (:class:`JoinRows`) by the *first* hop that
+   shares r digits with X — the nearest such node on the route: the entry node sends rows
+   0..l_0 - 1, each hop i rows l_i..l_{i+1} - 1 (``forward`` upcall, l = prefix shared with X),
+   and the numerically closest node Z answers :class:`JoinReply` with its leaf set (X's leaf set
+   is Z's, shifted by one) and its row l_Z. (R&D §2.4 send every row 0..l_i from every hop; the
+   lower rows of later hops only repeat rows X already has, from nodes further away.)
 2. PROBING (consistent join): X installs the leaf set and asks every member with
    :class:`LeafSetRequest` (``insert_me``). Each member inserts X and answers its own leaf set;
    members X did not know yet are asked in turn. Requests are retransmitted with RTO back-off;
-   a member that never answers is declared dead and dropped. Every routing-table candidate goes
-   through proximity neighbour selection (probed first).
+   a member that never answers is declared dead and dropped.
+   Routing-table candidates go through PNS: a candidate for an empty slot is installed at once;
+   one competing with an entry is compared on measured minimum RTTs, probing at most
+   ``join_probe_budget`` unmeasured nodes per attempt (leaf-set members are measured by the
+   consistent-join exchange itself, so they are never probed for PNS).
 3. READY once every current leaf-set member has confirmed: X is then in all their leaf sets.
    X announces itself to its routing-table entries (:class:`TableAnnounce`, with the RTT it
    measured) and maintenance starts.
@@ -41,7 +56,15 @@ from overlay.ids import NodeId, shared_prefix_len
 from overlay.kbr import BaseApplication
 from overlay.runtime import Timer
 
-from .messages import JoinPayload, JoinReply, JoinRequest, JoinRows, LeafSetRequest
+from .messages import (
+    JoinPayload,
+    JoinReply,
+    JoinRequest,
+    JoinRows,
+    LeafSetRequest,
+    NearbyReply,
+    NearbyRequest,
+)
 
 if TYPE_CHECKING:
     from .core import PastryCore
@@ -57,10 +80,14 @@ _PROBING_SLACK = 6.0
 
 class JoinState(enum.Enum):
     IDLE = "idle"
+    LOCATING = "locating"
     JOINING = "joining"
     PROBING = "probing"
     READY = "ready"
     FAILED = "failed"
+
+
+_ACTIVE = (JoinState.LOCATING, JoinState.JOINING, JoinState.PROBING)
 
 
 class _JoinApp(BaseApplication):
@@ -77,8 +104,10 @@ class _JoinApp(BaseApplication):
         if next_hop.id == joiner.id:
             return core.handle  # the joiner is already known here: answer in its place
         if not payload.rejoin:
-            last = shared_prefix_len(core.id, joiner.id, core.config.b_bits)
-            rows = core.table.rows_upto(last)
+            b = core.config.b_bits
+            mine = shared_prefix_len(core.id, joiner.id, b)
+            nxt = shared_prefix_len(next_hop.id, joiner.id, b)
+            rows = core.table.rows_between(mine, max(mine, nxt - 1))
             if rows:
                 core.runtime.send(joiner, JoinRows(payload.nonce, rows))
         return next_hop
@@ -114,10 +143,18 @@ class JoinProtocol:
         self._asked: dict[NodeHandle, _Ask] = {}
         self._confirmed: set[NodeHandle] = set()
         self._merging = False
+        self._budget = 0  # PNS probes left in this attempt
+        # nearby-node discovery (LOCATING)
+        self._loc_round = 0
+        self._loc_asked: NodeHandle | None = None  # None: the seed address
+        self._loc_answered: NodeHandle | None = None  # last node that answered a request
+        self._loc_pending: set[NodeHandle] = set()
+        self._loc_rtt: dict[NodeHandle, float] = {}
+        self._loc_timer: Timer | None = None
 
     # ------------------------------------------------------------------ joiner side
     def start_join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None) -> None:
-        if self.state in (JoinState.JOINING, JoinState.PROBING):
+        if self.state in _ACTIVE:
             raise OverlayError("a join is already in progress on this node")
         if self.state is JoinState.READY:
             raise OverlayError("this node has already joined")
@@ -133,13 +170,146 @@ class JoinProtocol:
     def _send_request(self) -> None:
         core = self.core
         rt = core.runtime
-        self.state = JoinState.JOINING
+        cfg = core.config
         self._cancel_asks()
+        self._loc_reset()
+        self._budget = cfg.join_probe_budget
         self.nonce = rt.rng.getrandbits(62)
         addr = self.seeds[self.attempt % len(self.seeds)]
+        self._arm(cfg.join_timeout_s * (2**self.attempt))
+        if cfg.join_locate_rounds > 0:
+            self.state = JoinState.LOCATING
+            core.stats["join_locate_requests"] += 1
+            rt.send_address(addr, NearbyRequest(self.nonce, -1))
+            return
+        self.state = JoinState.JOINING
         core.stats["join_requests"] += 1
         rt.send_address(addr, JoinRequest(self.nonce))
-        self._arm(core.config.join_timeout_s * (2**self.attempt))
+
+    # ------------------------------------------------------------------ nearby-node discovery
+    def _loc_reset(self) -> None:
+        if self._loc_timer is not None:
+            self._loc_timer.cancel()
+            self._loc_timer = None
+        self._loc_round = 0
+        self._loc_asked = None
+        self._loc_answered = None
+        self._loc_pending.clear()
+        self._loc_rtt.clear()
+
+    def on_nearby_request(self, src: NodeHandle, msg: NearbyRequest) -> None:
+        """Existing-node side: answer a joiner's discovery request (ready nodes only)."""
+        core = self.core
+        row = msg.row
+        if type(row) is not int or not -1 <= row < core.table.nrows:
+            raise ValueError(f"NearbyRequest row out of range: {row!r}")
+        if not core.ready or src.id == core.id:
+            return
+        entries = core.leaf.nodes() if row < 0 else tuple(core.table.row(row))
+        core.runtime.send(src, NearbyReply(msg.nonce, row, entries))
+
+    def on_nearby_reply(self, src: NodeHandle, msg: NearbyReply) -> None:
+        from .core import check_handles
+
+        entries = check_handles(msg.entries)
+        if self.state is not JoinState.LOCATING or msg.nonce != self.nonce:
+            return
+        if self._loc_asked is not None and src != self._loc_asked:
+            return
+        if self._loc_pending:  # a late reply after the round moved on
+            return
+        core = self.core
+        self._loc_answered = src
+        self._loc_asked = src
+        prox = core.prox
+        limit = core.config.join_locate_probes
+        cands = [src, *entries]
+        rnd = self._loc_round
+        for h in cands:
+            if h.id == core.id or h in self._loc_rtt or h in self._loc_pending:
+                continue
+            if prox.is_dead(h):
+                continue
+            rtt = prox.rtt(h)
+            if rtt is not None:
+                self._loc_rtt[h] = rtt
+                continue
+            if limit <= 0:
+                continue
+            limit -= 1
+            self._loc_pending.add(h)
+            core.stats["join_locate_probes"] += 1
+            prox.probe(h, self._loc_cb(h, rnd))
+        if not self._loc_pending:
+            self._loc_step(rnd)
+            return
+        wait = core.config.join_locate_wait_s
+        self._loc_timer = core.runtime.call_later(wait, lambda: self._loc_step(rnd))
+
+    def _loc_cb(self, h: NodeHandle, rnd: int) -> Callable[[float | None], None]:
+        def done(rtt: float | None) -> None:
+            if self._loc_round != rnd or self.state is not JoinState.LOCATING:
+                return
+            if h not in self._loc_pending:
+                return
+            self._loc_pending.discard(h)
+            if rtt is not None:
+                self._loc_rtt[h] = self.core.prox.rtt(h) or rtt
+            if not self._loc_pending:
+                self._loc_step(rnd)
+
+        return done
+
+    def _loc_step(self, rnd: int) -> None:
+        """A discovery round ended: ask the closest node so far for its row 0, or join."""
+        if self._loc_round != rnd or self.state is not JoinState.LOCATING or self.core.stopped:
+            return
+        core = self.core
+        if self._loc_timer is not None:
+            self._loc_timer.cancel()
+            self._loc_timer = None
+        self._loc_pending.clear()
+        self._loc_round += 1
+        # ties: smaller id (the iteration order of a dict of handles is insertion order)
+        best = min(self._loc_rtt, key=lambda h: (self._loc_rtt[h], int(h.id)), default=None)
+        asked = self._loc_answered
+        if best is not None and best != asked and self._loc_round <= core.config.join_locate_rounds:
+            self._loc_asked = best
+            core.stats["join_locate_requests"] += 1
+            core.runtime.send(best, NearbyRequest(self.nonce, 0))
+            nonce = self.nonce
+            rnd2 = self._loc_round
+            wait = core.config.join_locate_wait_s
+
+            def no_answer() -> None:
+                if self.nonce == nonce and self._loc_round == rnd2 and not self._loc_pending:
+                    self._loc_asked = asked  # fall back to the last node that answered
+                    self._loc_rtt.pop(best, None)
+                    self._loc_step(rnd2)
+
+            self._loc_timer = core.runtime.call_later(wait, no_answer)
+            return
+        target = asked if best is None or best != asked else best
+        # every RTT measured while searching is a PNS sample for our own table
+        for h in sorted(self._loc_rtt, key=lambda h: int(h.id)):
+            core.consider(h, probe=False)
+        self._loc_rtt.clear()
+        self.state = JoinState.JOINING
+        core.stats["join_requests"] += 1
+        if target is None:  # not reached: a reply always precedes a step
+            core.runtime.send_address(
+                self.seeds[self.attempt % len(self.seeds)], JoinRequest(self.nonce)
+            )
+            return
+        core.runtime.send(target, JoinRequest(self.nonce))
+
+    def _pns(self, h: NodeHandle) -> None:
+        """Bounded PNS for a join candidate: empty slot → take it; otherwise compare measured
+        RTTs, probing while the attempt's budget lasts."""
+        core = self.core
+        if core.consider(h, probe=self._budget > 0):
+            self._budget -= 1
+            core.stats["join_pns_probes"] += 1
 
     def _arm(self, delay_s: float) -> None:
         if self._timer is not None:
@@ -148,7 +318,7 @@ class JoinProtocol:
         self._timer = self.core.runtime.call_later(delay_s, lambda: self._on_timeout(nonce))
 
     def _on_timeout(self, nonce: int) -> None:
-        if nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
+        if nonce != self.nonce or self.state not in _ACTIVE:
             return
         if self.core.stopped:
             return
@@ -156,6 +326,7 @@ class JoinProtocol:
         if self.attempt >= self.core.config.join_attempts:
             self.state = JoinState.FAILED
             self._cancel_asks()
+            self._loc_reset()
             log.debug("join of %s failed after %d attempts", self.core.id.short(), self.attempt)
             self._finish(False)
             return
@@ -169,7 +340,8 @@ class JoinProtocol:
         if msg.nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
             return
         for h in entries:
-            self.core.consider(h, probe=True)
+            if h.id != self.core.id:
+                self._pns(h)
 
     def on_join_reply(self, src: NodeHandle, msg: JoinReply) -> None:
         from .core import check_handles
@@ -183,10 +355,11 @@ class JoinProtocol:
                 self._arm(core.config.join_timeout_s * (2**self.attempt) * _PROBING_SLACK)
             cands = [h for h in leaves if h.id != core.id]
             cands.append(src)
-            for h in cands:
-                core.consider(h, probe=True)
             for h in entries:
-                core.consider(h, probe=True)
+                if h.id != core.id:
+                    self._pns(h)
+            for h in cands:  # measured by the consistent-join exchange: no PNS probe
+                core.consider(h, probe=False)
             for h in cands:
                 core.add_leaf(h)
             self.on_leaf_changed()
@@ -231,6 +404,7 @@ class JoinProtocol:
             if ask.attempt == 0:  # Karn's rule
                 core.prox.sample(src, core.runtime.now() - ask.sent_at)
         self._confirmed.add(src)
+        core.consider(src, probe=False)  # its RTT is known now: PNS without a probe
         prox = core.prox
         self._merging = True
         try:
@@ -295,6 +469,7 @@ class JoinProtocol:
             self._timer.cancel()
             self._timer = None
         self._cancel_asks()
+        self._loc_reset()
 
     def mark_ready(self) -> None:
         """Oracle build: the steady state was installed directly."""
@@ -312,6 +487,11 @@ class JoinProtocol:
             return
         payload = JoinPayload(src, msg.nonce, bool(msg.rejoin))
         core.stats["join_routed"] += 1
+        if not msg.rejoin:  # the entry node contributes the rows below its own level
+            mine = shared_prefix_len(core.id, src.id, core.config.b_bits)
+            rows = core.table.rows_between(0, mine - 1)
+            if rows:
+                core.runtime.send(src, JoinRows(msg.nonce, rows))
         core.route(src.id, JOIN_APP, payload)
 
     def answer(self, payload: JoinPayload) -> None:
@@ -324,7 +504,7 @@ class JoinProtocol:
             entries: tuple[NodeHandle, ...] = ()
         else:
             last = shared_prefix_len(core.id, joiner.id, core.config.b_bits)
-            entries = core.table.rows_upto(last)
+            entries = core.table.rows_between(last, last)
         core.runtime.send(joiner, JoinReply(payload.nonce, core.leaf.nodes(), entries))
         if payload.rejoin:
             core.offer_leaves((joiner,), skip_dead=False)

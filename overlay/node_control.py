@@ -1,0 +1,195 @@
+"""The read-only control protocol of live nodes: status and lookup requests (tags 16–19).
+
+Theory of operation (DESIGN §3; split from :mod:`overlay.node`, which answers these requests):
+an operator or the CLI (``flockring status`` / ``route``) sends a signed :class:`StatusRequest`
+or :class:`LookupRequest` to a running node without joining the overlay. A status request is
+answered at once with a :class:`StatusReply`; a lookup is routed through the overlay to the node
+responsible for the key, which sends a :class:`LookupReply` straight back to the asker. Replies
+are matched to their request by a random nonce; requests are datagrams, so the asker retries a
+few times within its timeout (:func:`await_reply`). :class:`ControlClient` is the asking side.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import attrs
+import trio
+
+from overlay.errors import OverlayError
+from overlay.handle import NodeHandle
+from overlay.identity import Identity
+from overlay.ids import NodeId
+from overlay.messages import Message, register
+from overlay.node_runtime import exit_nursery
+from overlay.wire import Wire, encode_message
+from transports.auth import Signer, Verifier
+from transports.base import Transport
+
+__all__ = [
+    "ControlClient",
+    "LookupReply",
+    "LookupRequest",
+    "StatusReply",
+    "StatusRequest",
+    "await_reply",
+]
+
+#: tries of a control request within its timeout (datagrams may be lost)
+_TRIES = 3
+
+
+@register(16)
+@attrs.frozen(slots=True)
+class StatusRequest(Message):
+    """Ask a node to describe itself (answered with :class:`StatusReply`)."""
+
+    nonce: int
+
+
+@register(17)
+@attrs.frozen(slots=True)
+class StatusReply(Message):
+    """A node's self-description: what ``flockring status`` prints."""
+
+    nonce: int
+    handle: NodeHandle
+    overlay: str
+    ready: bool
+    uptime_s: float
+    leaf_set: tuple[NodeHandle, ...]
+    routing_rows: tuple[int, ...]  # filled entries per routing-table row (Pastry)
+    known: int
+    stats: tuple[tuple[str, int], ...]
+
+
+@register(18)
+@attrs.frozen(slots=True)
+class LookupRequest(Message):
+    """Ask a node to route a lookup for ``key``; the responsible node answers the asker."""
+
+    nonce: int
+    key: NodeId
+
+
+@register(19)
+@attrs.frozen(slots=True)
+class LookupReply(Message):
+    """Sent by the node responsible for ``key`` straight to whoever asked."""
+
+    nonce: int
+    key: NodeId
+    responsible: NodeHandle
+    entry: NodeHandle
+
+
+async def await_reply(
+    waiters: dict[int, Callable[[Message], None]],
+    nonce: int,
+    send: Callable[[], None],
+    timeout_s: float,
+) -> Message | None:
+    """Register a waiter for ``nonce`` in ``waiters``, call ``send()`` up to three times within
+    ``timeout_s`` (datagrams may be lost: retry) and return the first reply, or None."""
+    done = trio.Event()
+    out: list[Message] = []
+
+    def waiter(reply: Message) -> None:
+        out.append(reply)
+        done.set()
+
+    waiters[nonce] = waiter
+    try:
+        for _ in range(_TRIES):
+            send()
+            with trio.move_on_after(timeout_s / _TRIES):
+                await done.wait()
+            if out:
+                return out[0]
+    finally:
+        waiters.pop(nonce, None)
+    return None
+
+
+class ControlClient:
+    """Talks the read-only control protocol to running nodes without joining (the CLI uses it).
+
+    ``async with ControlClient(transport) as c: await c.status(addr); await c.lookup(addr, key)``
+    """
+
+    def __init__(
+        self, transport: Transport, identity: Identity | None = None, *, signing: bool = True
+    ) -> None:
+        self.transport = transport
+        self.identity = identity if identity is not None else Identity.generate()
+        self._signer = (
+            Signer(self.identity.private_key)
+            if signing
+            else Signer(None, claimed_id=self.identity.id.to_bytes_be())
+        )
+        self._verifier = Verifier(require_signatures=signing, own_id=self.identity.id.to_bytes_be())
+        self._wire = Wire()
+        self._waiters: dict[int, Callable[[Message], None]] = {}
+        self._rng = random.Random()
+        self._nursery_cm: Any = None
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> ControlClient:
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        self._nursery = nursery
+        nursery.start_soon(self._receive_loop)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        return await exit_nursery(self._nursery_cm, exc_type, exc, tb)
+
+    async def _receive_loop(self) -> None:
+        while True:
+            try:
+                _, data = await self.transport.receive()
+            except trio.ClosedResourceError:
+                return
+            opened = self._verifier.open(data)
+            if opened is None:
+                continue
+            msg = self._wire.decode(opened.body)
+            if isinstance(msg, (StatusReply, LookupReply)):
+                w = self._waiters.pop(msg.nonce, None)
+                if w is not None:
+                    w(msg)
+
+    async def _ask(self, address: str, msg: Message, nonce: int, timeout_s: float) -> Message:
+        body = encode_message(msg)
+
+        def send() -> None:
+            self.transport.send_nowait(address, self._signer.seal(self.transport.address, body))
+
+        reply = await await_reply(self._waiters, nonce, send, timeout_s)
+        if reply is None:
+            raise OverlayError(f"no answer from {address} within {timeout_s:g}s")
+        return reply
+
+    async def status(self, address: str, timeout_s: float = 3.0) -> StatusReply:
+        """The :class:`StatusReply` of the node at ``address``."""
+        nonce = self._rng.getrandbits(62)
+        r = await self._ask(address, StatusRequest(nonce), nonce, timeout_s)
+        assert isinstance(r, StatusReply)
+        return r
+
+    async def lookup(self, address: str, key: NodeId, timeout_s: float = 5.0) -> LookupReply:
+        """Ask the node at ``address`` to route a lookup for ``key``; who answered, and via whom."""
+        nonce = self._rng.getrandbits(62)
+        r = await self._ask(address, LookupRequest(nonce, key), nonce, timeout_s)
+        assert isinstance(r, LookupReply)
+        return r
