@@ -13,6 +13,7 @@ import argparse
 import math
 from typing import Any
 
+from overlay.errors import ConfigError
 from overlay.ids import NodeId
 from sim_adapter import bench
 from sim_adapter.network import Network
@@ -37,6 +38,11 @@ def add_common_arguments(p: argparse.ArgumentParser, default_nodes: int) -> None
         help="overlapping joins, one every S virtual seconds (default: one at a time)",
     )
     p.add_argument("--quiet-s", type=float, default=3600.0, help="quiet period (virtual s)")
+    p.add_argument(
+        "--no-maintenance",
+        action="store_true",
+        help="static ring: overlay maintenance off (as PondSim measures; small-world only)",
+    )
     p.add_argument("--batch", type=int, default=1000, help="lookups launched at once")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -52,7 +58,19 @@ def make_latency(spec: str, seed: int) -> Any:
     return latency.by_name(spec, seed=seed)
 
 
+def _config(args: argparse.Namespace, overlay: str) -> Any:
+    """The overlay config: the default, or with maintenance off for a static-ring run."""
+    if not args.no_maintenance:
+        return None
+    if overlay != "smallworld":
+        raise ConfigError(f"--no-maintenance is supported for smallworld only, not {overlay}")
+    from overlay.smallworld import SmallWorldConfig
+
+    return SmallWorldConfig(maintenance_enabled=False)
+
+
 def run_overlay(args: argparse.Namespace, overlay: str) -> dict[str, Any]:
+    config = _config(args, overlay)
     lat = make_latency(args.latency, args.seed)
     net = Network(seed=args.seed, latency=lat, loss=args.loss)
     res: dict[str, Any] = {
@@ -62,6 +80,7 @@ def run_overlay(args: argparse.Namespace, overlay: str) -> dict[str, Any]:
         "latency": args.latency,
         "loss": args.loss,
         "join_interval_s": args.join_interval_s,
+        "maintenance": not args.no_maintenance,
         "seed": args.seed,
         **bench.environment(),
     }
@@ -74,6 +93,7 @@ def run_overlay(args: argparse.Namespace, overlay: str) -> dict[str, Any]:
             build=args.build,
             progress=prog,
             join_interval_s=args.join_interval_s,
+            config=config,
         )
     res["build_wall_s"] = bench.r(t_build(), 2)
     res["build_virtual_s"] = bench.r(net.now, 1)
