@@ -506,7 +506,6 @@ class SmallWorldCore(KbrCore):
     def _on_near_reply(self, src: NodeHandle, m: NearReply) -> None:
         check_int(m.hop)
         nodes = self._check_reply_nodes(m.nodes)
-        self.stats["near_replies"] += 1
         self.consider_near((src, *nodes))
 
 

@@ -97,7 +97,9 @@ def ping_idle(core: SmallWorldCore, now: float) -> None:
     heard at a point staggered across one idle period before our start (by its position in
     the table), so that a freshly built node — or a whole oracle-built network — spreads its
     first round of pings over three ticks instead of firing them all at once. Fewer probes in
-    flight per node keep the probe tables and the event queue small at 10^6 nodes.
+    flight per node keep the probe tables and the event queue small at 10^6 nodes. (Pings
+    are counted by ``prox.probes_sent``; per-node stats count only rarer events, since every
+    distinct key costs memory in each of 10^6 counters.)
     """
     limit = core.config.idle_ping_s
     prox = core.prox
@@ -109,7 +111,6 @@ def ping_idle(core: SmallWorldCore, now: float) -> None:
         p = peers.get(h)
         last = p.last_heard if p is not None else started - i * step
         if now - last >= limit:
-            core.stats["idle_pings"] += 1
             prox.probe(h)
 
 
@@ -119,6 +120,7 @@ def repair_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
     A walk is a chain of datagrams with no acks: if it dies on a hop that failed too, the
     follow-up stabilization brought forward here repeats it two ticks later.
     """
+    core.stats["near_repairs"] += 1
     soon = core.runtime.now() + 2 * core.config.maintenance_interval_s
     if core._next_stabilize > soon:
         core._next_stabilize = soon
@@ -128,7 +130,6 @@ def repair_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
 def walk_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
     """Send one near-repair walk per side (stabilization: no follow-up scheduled)."""
     for side in sides:
-        core.stats["near_queries"] += 1
         near_step(core, core.handle, side, 0)
 
 
@@ -159,7 +160,6 @@ def near_step(core: SmallWorldCore, origin: NodeHandle, side: int, hops: int) ->
     k = 2 * core.config.near_per_side + 2
     nodes = core.closest_known(o, k, o, with_self=False)
     core.runtime.send(origin, NearReply(hops, nodes))
-    core.stats["near_walks_answered"] += 1
     t = core.table
     if origin not in t and t.fits_near(o) and origin not in bad:
         core.link(origin, NEAR)
