@@ -174,7 +174,13 @@ class KbrCore(abc.ABC):
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        cls._class_handlers = dict(cls._class_handlers)
+        # Copy the parent's table and rebind each entry to this class's method of the same
+        # name, so a subclass that overrides e.g. ``_on_route`` is dispatched to its override.
+        table = {}
+        for msg_cls, func in cls._class_handlers.items():
+            own = getattr(cls, func.__name__, None)
+            table[msg_cls] = own if callable(own) else func
+        cls._class_handlers = table
 
     # ------------------------------------------------------------ driver-facing
     def add_handler(self, cls: type[Message], fn: Handler) -> None:

@@ -138,3 +138,20 @@ def test_hop_limit_drops_and_counts_looping_messages() -> None:
     assert core.stats["ttl_expired"] == 1
     assert app.got == []
     assert len(rt.take_sent()) == 1  # still acked, so the sender does not retransmit
+
+
+def test_subclass_overrides_of_base_handlers_are_dispatched() -> None:
+    class Counting(ToyCore):
+        routed = 0
+
+        def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
+            type(self).routed += 1
+            super()._on_route(src, msg)
+
+    rt = ManualRuntime(seed=1)
+    core = Counting(rt, NodeHandle(NodeId(100), "a"), ToyConfig())
+    core.register("app", _Recorder())
+    peer = NodeHandle(NodeId(5), "b")
+    core.receive(peer, RouteMsg(NodeId(7), "app", "x", peer, 1, 0))
+    assert Counting.routed == 1
+    assert core.stats["delivered"] == 1
