@@ -134,8 +134,6 @@ class SmallWorldCore(KbrCore):
 
     def _install_handlers(self) -> None:
         """Register our receive handlers (KbrCore keeps them per class, not per node)."""
-        # RouteMsg is re-registered so that our TTL check runs before the routing engine.
-        self.add_handler(RouteMsg, self._on_route)
         self.add_handler(JoinRequest, self._on_join_request)
         self.add_handler(ConnectReply, self._on_connect_reply)
         self.add_handler(Link, self._on_link)
