@@ -19,6 +19,7 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-logo
 
 typecheck: venv
 	$(VENV)/bin/mypy

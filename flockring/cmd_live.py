@@ -4,7 +4,7 @@ Theory of operation: ``node`` runs one or more :class:`overlay.Node` objects in 
 UDP (or TCP) sockets, joins them through the given seeds (or starts a ring), prints one
 machine-readable ``NODE <id> <address>`` line per joined node and then a status table that it
 refreshes. ``status`` and ``route`` are clients: they bind an ephemeral port, speak the node's
-read-only control protocol (``overlay.node.ControlClient``: signed ``StatusRequest`` /
+read-only control protocol (``overlay.live.node.ControlClient``: signed ``StatusRequest`` /
 ``LookupRequest`` datagrams) and print the answer. ``demo`` starts three ``flockring node``
 processes of four nodes each on loopback, reads their ``NODE`` lines, routes lookups between
 them and checks every answer against the brute-force oracle (the numerically closest id).
@@ -30,7 +30,7 @@ from flockring.cli import CliError
 from overlay.errors import OverlayError
 from overlay.identity import Identity
 from overlay.ids import NodeId, closer
-from overlay.node import ControlClient, Node, StatusReply
+from overlay.live.node import ControlClient, Node, StatusReply
 from transports.address import AddressError, format_address, parse_address, resolve
 
 __all__ = ["register"]

@@ -23,13 +23,13 @@ from overlay.ids import RING, NodeId
 
 if TYPE_CHECKING:
     from overlay.identity import Identity, IdentityError
-    from overlay.node import Node, ProbeError
+    from overlay.live.node import Node, ProbeError
     from overlay.pastry import PastryConfig
     from overlay.smallworld import SmallWorldConfig
 
 _LAZY = {
-    "Node": "overlay.node",
-    "ProbeError": "overlay.node",
+    "Node": "overlay.live",
+    "ProbeError": "overlay.live",
     "Identity": "overlay.identity",
     "IdentityError": "overlay.identity",
     "PastryConfig": "overlay.pastry",

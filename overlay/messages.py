@@ -7,7 +7,7 @@ Tags are grouped by protocol so modules never collide:
 
 =========  ======================================
 1–15       KBR routing (overlay/kbr.py)
-16–19      live control requests (overlay/node_control.py: status, lookup)
+16–19      live control requests (overlay/live/control.py: status, lookup)
 20–29      proximity probes (overlay/proximity.py)
 30–59      Pastry (overlay/pastry/)
 60–89      small-world ring (overlay/smallworld/)

@@ -22,7 +22,7 @@ import trio
 from overlay.handle import NodeHandle
 from overlay.identity import Identity
 from overlay.ids import NodeId, closer
-from overlay.node import CoreFactory, Node
+from overlay.live.node import CoreFactory, Node
 from transports.memory import LatencyFn, MemoryNetwork
 
 __all__ = ["Swarm", "open_swarm"]

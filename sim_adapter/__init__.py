@@ -2,6 +2,7 @@
 
 from sim_adapter import latency
 from sim_adapter.engine import Engine
-from sim_adapter.network import OVERLAYS, Lookup, Network, SimNode
+from sim_adapter.network import OVERLAYS, Lookup, Network
+from sim_adapter.simnode import SimNode
 
 __all__ = ["OVERLAYS", "Engine", "Lookup", "Network", "SimNode", "latency"]

@@ -10,8 +10,8 @@ probability ``p`` (0.5 %) it is lost and costs another ``2·edge`` plus a back-o
 gets through; a failed child costs five such resends and its sub-region is missing.
 
 This module does exactly that over *our* tree: at every node it asks the node's own core for
-the members of its region (:func:`overlay.multicast_tree.region_members`, the KBR API's
-``known_in_range``) and splits it with :func:`overlay.multicast_tree.partition` — the two
+the members of its region (:func:`overlay.multicast.tree.region_members`, the KBR API's
+``known_in_range``) and splits it with :func:`overlay.multicast.tree.partition` — the two
 functions the event-driven protocol (:mod:`overlay.multicast`) calls when it dispatches a
 query, so both paths build the same tree from the same routing state. What it leaves out is
 everything the protocol does to *survive* in the network: acks, RFC 6298 timers, reply
@@ -36,15 +36,13 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from overlay.errors import ConfigError, OverlayError
 from overlay.ids import RING, NodeId
-from overlay.multicast_ranges import CCW, CW, intersect, normalize, region_to_cw
-from overlay.multicast_tree import inside_region, partition, region_members
-
-if TYPE_CHECKING:
-    from sim_adapter.network import Network, SimNode
+from overlay.multicast.ranges import CCW, CW, intersect, normalize, region_to_cw
+from overlay.multicast.tree import inside_region, partition, region_members
+from sim_adapter.simnode import NetworkView, SimNode
 
 __all__ = ["AnalyticResult", "count_analytic"]
 
@@ -73,7 +71,7 @@ class _Walk:
 
     __slots__ = ("edges", "exchanges", "lat", "lost", "missing", "nodes", "p", "rand")
 
-    def __init__(self, net: Network, edges: str, p: float, rng: random.Random) -> None:
+    def __init__(self, net: NetworkView, edges: str, p: float, rng: random.Random) -> None:
         self.nodes = net.nodes
         self.lat = net.latency
         self.edges = edges
@@ -167,7 +165,7 @@ class _Walk:
 
 
 def count_analytic(
-    net: Network,
+    net: NetworkView,
     src: SimNode,
     redundant: bool = False,
     *,

@@ -29,6 +29,7 @@ from overlay.messages import Message
 from overlay.multicast import MULTICAST_APP, Multicast, MulticastResult
 from overlay.multicast import attach as attach_multicast
 from sim_adapter.engine import Engine, EngineTimer
+from sim_adapter.simnode import SimNode
 
 if TYPE_CHECKING:
     from sim_adapter.latency import LatencyModel
@@ -44,22 +45,6 @@ class Lookup(NamedTuple):
     result: NodeId | None
     hops: int
     latency_s: float
-
-
-class SimNode:
-    """One simulated node: its core plus bookkeeping."""
-
-    __slots__ = ("alive", "core", "handle", "id", "index")
-
-    def __init__(self, index: int, handle: NodeHandle, core: KbrCore) -> None:
-        self.index = index
-        self.id = handle.id
-        self.handle = handle
-        self.core = core
-        self.alive = True
-
-    def __repr__(self) -> str:
-        return f"SimNode({self.index}, {self.id.short()}, alive={self.alive})"
 
 
 class SimRuntime:

@@ -15,8 +15,8 @@ import pytest
 
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId
-from overlay.multicast_ranges import CCW, CW, contains, in_region
-from overlay.multicast_tree import partition
+from overlay.multicast.ranges import CCW, CW, contains, in_region
+from overlay.multicast.tree import partition
 from overlay.smallworld import SmallWorldConfig
 from sim_adapter.fastquery import count_analytic
 from sim_adapter.latency import PondSim

@@ -15,7 +15,7 @@ import trio
 
 from overlay.identity import Identity
 from overlay.ids import NodeId, closer
-from overlay.node import Node
+from overlay.live.node import Node
 from transports import open_tcp, open_udp
 
 Ring = list[Node]

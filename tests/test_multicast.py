@@ -21,7 +21,7 @@ from overlay.multicast import (
     MulticastResult,
     UnknownAggregatorError,
 )
-from overlay.multicast_ranges import contains
+from overlay.multicast.ranges import contains
 from sim_adapter.latency import Uniform
 from sim_adapter.network import Network, SimNode
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay.ids import RING, NodeId
-from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck
-from overlay.multicast_ranges import (
+from overlay.multicast.messages import McAck, McQuery, McReply, McReplyAck
+from overlay.multicast.ranges import (
     CCW,
     CW,
     contains,

@@ -19,7 +19,7 @@ from overlay.errors import (
 )
 from overlay.identity import Identity
 from overlay.ids import NodeId
-from overlay.node import Endpoint, Node, ProbeError
+from overlay.live.node import Endpoint, Node, ProbeError
 from overlay.testing import Swarm, open_swarm
 from transports import MemoryNetwork
 from transports.auth import Signer

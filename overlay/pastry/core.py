@@ -51,6 +51,7 @@ from .messages import (
     RowReply,
     RowRequest,
     TableAnnounce,
+    check_handles,
 )
 from .routing_table import RoutingTable
 
@@ -58,16 +59,6 @@ log = logging.getLogger(__name__)
 
 #: previous hops remembered by ``_learn`` (cleared when full)
 _LEARNED_MEMO = 256
-
-
-def check_handles(items: object) -> tuple[NodeHandle, ...]:
-    """Validate a handle list from the network (malformed → ValueError → dropped and counted)."""
-    if not isinstance(items, tuple | list):
-        raise ValueError(f"expected a tuple of handles, got {type(items).__name__}")
-    for h in items:
-        if type(h) is not NodeHandle or not isinstance(h.id, NodeId):
-            raise ValueError(f"not a NodeHandle: {h!r}")
-    return tuple(items)
 
 
 class PastryCore(KbrCore):

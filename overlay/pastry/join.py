@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
@@ -56,6 +56,7 @@ from overlay.ids import NodeId, shared_prefix_len
 from overlay.kbr import BaseApplication
 from overlay.runtime import Timer
 
+from .host import PastryHost
 from .messages import (
     JoinPayload,
     JoinReply,
@@ -64,10 +65,8 @@ from .messages import (
     LeafSetRequest,
     NearbyReply,
     NearbyRequest,
+    check_handles,
 )
-
-if TYPE_CHECKING:
-    from .core import PastryCore
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +92,9 @@ _ACTIVE = (JoinState.LOCATING, JoinState.JOINING, JoinState.PROBING)
 class _JoinApp(BaseApplication):
     """KBR application that carries the routed leg of joins on existing nodes."""
 
-    def __init__(self, core: PastryCore) -> None:
+    def __init__(self, core: PastryHost, joiner: JoinProtocol) -> None:
         self.core = core
+        self.joiner = joiner
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
         if not isinstance(payload, JoinPayload):
@@ -114,7 +114,7 @@ class _JoinApp(BaseApplication):
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
         if isinstance(payload, JoinPayload):
-            self.core.joiner.answer(payload)
+            self.joiner.answer(payload)
 
 
 class _Ask:
@@ -129,9 +129,9 @@ class _Ask:
 class JoinProtocol:
     """The joiner's state machine and the existing nodes' side of the join."""
 
-    def __init__(self, core: PastryCore) -> None:
+    def __init__(self, core: PastryHost) -> None:
         self.core = core
-        self.app = _JoinApp(core)
+        self.app = _JoinApp(core, self)
         self.state = JoinState.IDLE
         self.seeds: list[Address] = []
         self.attempt = 0
@@ -209,7 +209,6 @@ class JoinProtocol:
         core.runtime.send(src, NearbyReply(msg.nonce, row, entries))
 
     def on_nearby_reply(self, src: NodeHandle, msg: NearbyReply) -> None:
-        from .core import check_handles
 
         entries = check_handles(msg.entries)
         if self.state is not JoinState.LOCATING or msg.nonce != self.nonce:
@@ -334,7 +333,6 @@ class JoinProtocol:
         self._send_request()
 
     def on_join_rows(self, src: NodeHandle, msg: JoinRows) -> None:
-        from .core import check_handles
 
         entries = check_handles(msg.entries)
         if msg.nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
@@ -344,7 +342,6 @@ class JoinProtocol:
                 self._pns(h)
 
     def on_join_reply(self, src: NodeHandle, msg: JoinReply) -> None:
-        from .core import check_handles
 
         leaves = check_handles(msg.leaves)
         entries = check_handles(msg.entries)

@@ -34,11 +34,11 @@ import logging
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from overlay.handle import NodeHandle
 from overlay.runtime import Timer
 
+from .host import PastryHost
 from .messages import (
     Handles,
     Heartbeat,
@@ -48,10 +48,8 @@ from .messages import (
     RowReply,
     RowRequest,
     TableAnnounce,
+    check_handles,
 )
-
-if TYPE_CHECKING:
-    from .core import PastryCore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ _HB_FULL_EVERY_S = 100.0
 class Maintenance:
     """Timers and handlers of the periodic Pastry protocols, for one core."""
 
-    def __init__(self, core: PastryCore) -> None:
+    def __init__(self, core: PastryHost) -> None:
         self.core = core
         self.cfg = core.config
         #: last time each immediate neighbour renewed its lease (any message from it)
@@ -240,7 +238,6 @@ class Maintenance:
             and seen[0] == msg.leaves
         ):
             return
-        from .core import check_handles
 
         leaves = check_handles(msg.leaves)
         failed = _check_failed(msg.failed)
@@ -460,7 +457,6 @@ class Maintenance:
         core.learn_alive(src)
 
     def on_row_reply(self, src: NodeHandle, msg: RowReply) -> None:
-        from .core import check_handles
 
         entries = check_handles(msg.entries)
         core = self.core

@@ -37,6 +37,7 @@ from __future__ import annotations
 import attrs
 
 from overlay.handle import NodeHandle
+from overlay.ids import NodeId
 from overlay.messages import Message, register
 
 Handles = tuple[NodeHandle, ...]
@@ -135,3 +136,13 @@ class NearbyReply(Message):
     nonce: int
     row: int
     entries: Handles
+
+
+def check_handles(items: object) -> tuple[NodeHandle, ...]:
+    """Validate a handle list from the network (malformed → ValueError → dropped and counted)."""
+    if not isinstance(items, tuple | list):
+        raise ValueError(f"expected a tuple of handles, got {type(items).__name__}")
+    for h in items:
+        if type(h) is not NodeHandle or not isinstance(h.id, NodeId):
+            raise ValueError(f"not a NodeHandle: {h!r}")
+    return tuple(items)

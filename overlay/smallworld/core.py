@@ -56,6 +56,7 @@ from overlay.smallworld.messages import (
     NearReply,
     Unlink,
 )
+from overlay.smallworld.state import JoinState
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +123,12 @@ class SmallWorldCore(KbrCore):
         self.config = cfg
         self.table = ConnectionTable(handle.id, cfg.near_per_side)
         self._timer: Timer | None = None
-        self._join: _join.JoinState | None = None
-        self._seeds = _NO_SEEDS
-        self._sc_pending = 0
-        self._sc_deadline = 0.0
-        self._started_at = runtime.now()
-        self._next_stabilize = 0.0
+        self.join_state: JoinState | None = None
+        self.seeds = _NO_SEEDS
+        self.shortcut_pending = 0
+        self.shortcut_deadline = 0.0
+        self.started_at = runtime.now()
+        self.next_stabilize = 0.0
         self._token = 0
         if not type(self).__dict__.get("_sw_handlers_installed", False):
             self._install_handlers()
@@ -148,9 +149,9 @@ class SmallWorldCore(KbrCore):
         """Arm the maintenance tick (desynchronised: first tick at a random phase)."""
         if self.stopped or self._timer is not None or not self.config.maintenance_enabled:
             return
-        now = self._started_at = self.runtime.now()
+        now = self.started_at = self.runtime.now()
         rng = self.runtime.rng
-        self._next_stabilize = now + self.config.stabilize_interval_s * rng.random()
+        self.next_stabilize = now + self.config.stabilize_interval_s * rng.random()
         first = self.config.maintenance_interval_s * (0.5 + rng.random())
         self._timer = self.runtime.call_later(first, self._tick)
 
@@ -159,7 +160,7 @@ class SmallWorldCore(KbrCore):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._join is not None:
+        if self.join_state is not None:
             _join.cancel(self)
 
     def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
@@ -176,9 +177,9 @@ class SmallWorldCore(KbrCore):
         ``seeds`` are the bootstrap addresses kept for a rejoin should we ever be isolated.
         """
         self.ready = True
-        self._seeds = seeds
-        self._started_at = self.runtime.now()
-        if self._join is not None:
+        self.seeds = seeds
+        self.started_at = self.runtime.now()
+        if self.join_state is not None:
             _join.cancel(self)
 
     def _tick(self) -> None:
@@ -390,7 +391,7 @@ class SmallWorldCore(KbrCore):
             # Routed straight back to us: no other node is closer to the target.
             if p.kind == SHORTCUT:
                 self.stats["shortcut_attempt_wasted"] += 1
-                self._sc_pending = max(0, self._sc_pending - 1)
+                self.shortcut_pending = max(0, self.shortcut_pending - 1)
             return
         if p.kind == SHORTCUT:
             before = self._near_snapshot()
@@ -425,7 +426,7 @@ class SmallWorldCore(KbrCore):
             raise MalformedInput(f"unknown connect kind {m.kind!r}")
 
     def _on_shortcut_reply(self, r: NodeHandle) -> None:
-        self._sc_pending = max(0, self._sc_pending - 1)
+        self.shortcut_pending = max(0, self.shortcut_pending - 1)
         t = self.table
         if r.id == self.id or r in t.out:
             return
@@ -473,7 +474,7 @@ class SmallWorldCore(KbrCore):
 
     def _on_link_ack(self, src: NodeHandle, m: LinkAck) -> None:
         token = check_int(m.token)
-        if self._join is not None:
+        if self.join_state is not None:
             _join.on_link_ack(self, src, token)
 
     def _on_unlink(self, src: NodeHandle, m: Unlink) -> None:

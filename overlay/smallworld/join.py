@@ -27,72 +27,47 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
-from overlay.runtime import Timer
 from overlay.smallworld import maintenance
 from overlay.smallworld.messages import JoinRequest
-
-if TYPE_CHECKING:
-    from overlay.smallworld.core import SmallWorldCore
+from overlay.smallworld.state import JoinState, SmallWorldHost
 
 log = logging.getLogger(__name__)
 
 
-class JoinState:
-    """Progress of one join (allocated only while joining)."""
-
-    __slots__ = ("attempt", "linking", "offset", "on_done", "pending", "seeds", "timer", "token")
-
-    def __init__(
-        self,
-        seeds: tuple[Address, ...],
-        on_done: Callable[[bool], None] | None,
-        offset: int = 0,
-    ) -> None:
-        self.seeds = seeds
-        self.on_done = on_done
-        self.offset = offset  # index of the first seed tried: rejoins start at a random one
-        self.attempt = 0
-        self.token = 0
-        self.linking = False
-        self.pending: set[NodeHandle] = set()
-        self.timer: Timer | None = None
-
-
 def begin(
-    core: SmallWorldCore, seeds: Sequence[Address], on_done: Callable[[bool], None] | None
+    core: SmallWorldHost, seeds: Sequence[Address], on_done: Callable[[bool], None] | None
 ) -> None:
-    if core._join is not None or core.ready:
+    if core.join_state is not None or core.ready:
         raise OverlayError("join() called on a node that is already joining or joined")
     if core.stopped:
         raise OverlayError("join() called on a stopped node")
     seeds_t = tuple(seeds)
-    core._seeds = seeds_t
+    core.seeds = seeds_t
     if not seeds_t:
         core.ready = True
         core.stats["joined"] += 1
         if on_done is not None:
             on_done(True)
         return
-    core._join = JoinState(seeds_t, on_done)
+    core.join_state = JoinState(seeds_t, on_done)
     _attempt(core)
 
 
-def rejoin(core: SmallWorldCore) -> None:
+def rejoin(core: SmallWorldHost) -> None:
     """An isolated node (every connection failed) asks its seeds again, without a callback."""
-    if core._join is not None or not core._seeds or core.stopped:
+    if core.join_state is not None or not core.seeds or core.stopped:
         return
     core.stats["rejoins"] += 1
-    seeds = core._seeds
-    core._join = JoinState(seeds, None, core.runtime.rng.randrange(len(seeds)))
+    seeds = core.seeds
+    core.join_state = JoinState(seeds, None, core.runtime.rng.randrange(len(seeds)))
     _attempt(core)
 
 
-def _attempt(core: SmallWorldCore) -> None:
-    st = core._join
+def _attempt(core: SmallWorldHost) -> None:
+    st = core.join_state
     assert st is not None
     st.token = core.next_token()
     seed = st.seeds[(st.offset + st.attempt) % len(st.seeds)]
@@ -102,8 +77,8 @@ def _attempt(core: SmallWorldCore) -> None:
     st.timer = core.runtime.call_later(delay, lambda: _timeout(core, token))
 
 
-def _timeout(core: SmallWorldCore, token: int) -> None:
-    st = core._join
+def _timeout(core: SmallWorldHost, token: int) -> None:
+    st = core.join_state
     if st is None or st.token != token or st.linking or core.stopped:
         return
     st.attempt += 1
@@ -116,10 +91,10 @@ def _timeout(core: SmallWorldCore, token: int) -> None:
 
 
 def on_reply(
-    core: SmallWorldCore, responder: NodeHandle, nodes: tuple[NodeHandle, ...], token: int
+    core: SmallWorldHost, responder: NodeHandle, nodes: tuple[NodeHandle, ...], token: int
 ) -> None:
     """The routed JOIN request reached the node closest to our id."""
-    st = core._join
+    st = core.join_state
     if st is None or st.linking or token != st.token:
         core.consider_near((responder, *nodes))  # late or duplicate: still useful news
         return
@@ -136,8 +111,8 @@ def on_reply(
     )
 
 
-def on_link_ack(core: SmallWorldCore, src: NodeHandle, token: int) -> None:
-    st = core._join
+def on_link_ack(core: SmallWorldHost, src: NodeHandle, token: int) -> None:
+    st = core.join_state
     if st is None or not st.linking or token != st.token:
         return
     st.pending.discard(src)
@@ -145,8 +120,8 @@ def on_link_ack(core: SmallWorldCore, src: NodeHandle, token: int) -> None:
         _finish(core, True)
 
 
-def _link_timeout(core: SmallWorldCore, token: int) -> None:
-    st = core._join
+def _link_timeout(core: SmallWorldHost, token: int) -> None:
+    st = core.join_state
     if st is None or st.token != token or core.stopped:
         return
     for h in st.pending:
@@ -154,9 +129,9 @@ def _link_timeout(core: SmallWorldCore, token: int) -> None:
     _finish(core, True)
 
 
-def _finish(core: SmallWorldCore, ok: bool) -> None:
-    st = core._join
-    core._join = None
+def _finish(core: SmallWorldHost, ok: bool) -> None:
+    st = core.join_state
+    core.join_state = None
     if st is None:
         return
     if st.timer is not None:
@@ -172,8 +147,8 @@ def _finish(core: SmallWorldCore, ok: bool) -> None:
         st.on_done(ok)
 
 
-def cancel(core: SmallWorldCore) -> None:
-    st = core._join
-    core._join = None
+def cancel(core: SmallWorldHost) -> None:
+    st = core.join_state
+    core.join_state = None
     if st is not None and st.timer is not None:
         st.timer.cancel()

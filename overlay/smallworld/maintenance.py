@@ -26,8 +26,6 @@ window by a closer node) are trimmed whenever a link is added.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from overlay.handle import NodeHandle
 from overlay.ids import RING
 from overlay.smallworld.estimate import desired_shortcuts, draw_shortcut_target
@@ -41,12 +39,10 @@ from overlay.smallworld.messages import (
     NearReply,
     Unlink,
 )
-
-if TYPE_CHECKING:
-    from overlay.smallworld.core import SmallWorldCore
+from overlay.smallworld.state import SmallWorldHost
 
 
-def tick(core: SmallWorldCore) -> None:
+def tick(core: SmallWorldHost) -> None:
     if not core.ready:
         return
     if not len(core.table):
@@ -55,28 +51,28 @@ def tick(core: SmallWorldCore) -> None:
     now = core.runtime.now()
     check_shortcuts(core)
     ping_idle(core, now)
-    if now >= core._next_stabilize:
-        core._next_stabilize = now + core.config.stabilize_interval_s
+    if now >= core.next_stabilize:
+        core.next_stabilize = now + core.config.stabilize_interval_s
         walk_near(core)
         core.prox.expire_dead()
 
 
-def check_shortcuts(core: SmallWorldCore) -> None:
+def check_shortcuts(core: SmallWorldHost) -> None:
     """Create missing shortcuts, or trim a clear surplus."""
     t = core.table
     cfg = core.config
     want = desired_shortcuts(t.n_hat, cfg)
     eff = t.effective_out()
     now = core.runtime.now()
-    if core._sc_pending and now >= core._sc_deadline:
-        core._sc_pending = 0
-    need = want - len(eff) - core._sc_pending
+    if core.shortcut_pending and now >= core.shortcut_deadline:
+        core.shortcut_pending = 0
+    need = want - len(eff) - core.shortcut_pending
     if need > 0:
-        core._sc_deadline = now + cfg.connect_timeout_s
+        core.shortcut_deadline = now + cfg.connect_timeout_s
         rng = core.runtime.rng
         for _ in range(need):
             target = draw_shortcut_target(rng, core.id, t.n_hat)
-            core._sc_pending += 1
+            core.shortcut_pending += 1
             core.send_connect(target, SHORTCUT, core.next_token())
     elif len(eff) > want + cfg.shortcut_slack:
         rng = core.runtime.rng
@@ -90,7 +86,7 @@ def check_shortcuts(core: SmallWorldCore) -> None:
                 core.drop(h, SHORTCUT)
 
 
-def ping_idle(core: SmallWorldCore, now: float) -> None:
+def ping_idle(core: SmallWorldHost, now: float) -> None:
     """Probe every connection silent for ``idle_ping_s`` (Brunet edge keep-alive).
 
     A connection we never exchanged a probe with has no liveness record yet; it counts as
@@ -104,7 +100,7 @@ def ping_idle(core: SmallWorldCore, now: float) -> None:
     limit = core.config.idle_ping_s
     prox = core.prox
     peers = prox.peers
-    started = core._started_at
+    started = core.started_at
     conns = core.table.all
     step = limit / len(conns) if conns else 0.0
     for i, h in enumerate(conns):
@@ -114,7 +110,7 @@ def ping_idle(core: SmallWorldCore, now: float) -> None:
             prox.probe(h)
 
 
-def repair_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
+def repair_near(core: SmallWorldHost, sides: tuple[int, ...] = SIDES) -> None:
     """Start a near-repair walk on each of ``sides`` from this node.
 
     A walk is a chain of datagrams with no acks: if it dies on a hop that failed too, the
@@ -122,12 +118,12 @@ def repair_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
     """
     core.stats["near_repairs"] += 1
     soon = core.runtime.now() + 2 * core.config.maintenance_interval_s
-    if core._next_stabilize > soon:
-        core._next_stabilize = soon
+    if core.next_stabilize > soon:
+        core.next_stabilize = soon
     walk_near(core, sides)
 
 
-def walk_near(core: SmallWorldCore, sides: tuple[int, ...] = SIDES) -> None:
+def walk_near(core: SmallWorldHost, sides: tuple[int, ...] = SIDES) -> None:
     """Send one near-repair walk per side (stabilization: no follow-up scheduled)."""
     for side in sides:
         near_step(core, core.handle, side, 0)
@@ -138,7 +134,7 @@ def _side_metric(origin: int, side: int, x: int) -> int:
     return (x - origin) % RING if side == RIGHT else (origin - x) % RING
 
 
-def near_step(core: SmallWorldCore, origin: NodeHandle, side: int, hops: int) -> None:
+def near_step(core: SmallWorldHost, origin: NodeHandle, side: int, hops: int) -> None:
     """One hop of a near-repair walk for ``origin`` (which may be this node)."""
     o = origin.id
     me = core.id

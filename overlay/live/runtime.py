@@ -1,6 +1,6 @@
 """The trio side of ``overlay.Node``: the Runtime its core sees, and nursery plumbing.
 
-Theory of operation (DESIGN §1.1; split from :mod:`overlay.node`, which uses it):
+Theory of operation (DESIGN §1.1; split from :mod:`overlay.live.node`, which uses it):
 
 * :class:`TrioRuntime` implements :class:`overlay.runtime.Runtime` for one node: ``now()`` is
   ``trio.current_time()`` (so ``trio.testing.MockClock`` drives a whole swarm in virtual time),
@@ -26,11 +26,11 @@ from overlay.handle import Address, NodeHandle
 from overlay.messages import Message
 
 if TYPE_CHECKING:
-    from overlay.node import Node
+    from overlay.live.host import NodeHost
 
 __all__ = ["HeapTimer", "TrioRuntime", "exit_nursery"]
 
-log = logging.getLogger("overlay.node")
+log = logging.getLogger("overlay.live.node")
 
 
 async def exit_nursery(
@@ -78,7 +78,7 @@ class TrioRuntime:
 
     __slots__ = ("_heap", "_n_cancelled", "_node", "_rng", "_seq", "_sleeping", "_wakeup")
 
-    def __init__(self, node: Node, rng: random.Random) -> None:
+    def __init__(self, node: NodeHost, rng: random.Random) -> None:
         self._node = node
         self._rng = rng
         self._heap: list[HeapTimer] = []
@@ -114,14 +114,14 @@ class TrioRuntime:
         return t
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
-        self._node._send(dst.address, msg, dst.id)
+        self._node.send_message(dst.address, msg, dst.id)
 
     def send_address(self, address: Address, msg: Message) -> None:
-        self._node._send(address, msg, None)
+        self._node.send_message(address, msg, None)
 
     async def run(self) -> None:
         node = self._node
-        while not node._closed:
+        while not node.closed:
             now = trio.current_time()
             heap = self._heap
             while heap and heap[0][0] <= now:
@@ -134,7 +134,7 @@ class TrioRuntime:
                 try:
                     fn()
                 except Exception:
-                    node._counters["timer_errors"] += 1
+                    node.counters["timer_errors"] += 1
                     log.exception("timer callback failed on %r", node.handle)
             deadline = heap[0][0] if heap else math.inf
             if deadline <= trio.current_time():

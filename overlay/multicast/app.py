@@ -11,7 +11,7 @@ Vishnevsky et al.'s self-organising trees):
   A node whose sub-region holds no other node it knows is a leaf (PonD §2.3). The
   counter-clockwise tree mirrors this: n_j gets (n_{j+1}, n_j] (PonD §3.1.4). Nothing is kept
   between queries: the tree is rebuilt from routing state every time, so it follows churn.
-  The partition itself is two pure functions in :mod:`overlay.multicast_tree`, shared with the
+  The partition itself is two pure functions in :mod:`overlay.multicast.tree`, shared with the
   simulator's analytic mode (``sim_adapter.fastquery``), so both build the same tree.
 * **Map-reduce.** Each node maps locally (``Aggregator.map``), sends the query to its children,
   reduces their answers into its own (``Aggregator.reduce``) and answers its parent **once**
@@ -44,9 +44,9 @@ Vishnevsky et al.'s self-organising trees):
   keyed by ints, which the cyclic GC does not track.
 
 Split by concern: this module is the application's public API, the root side (starting a query,
-merging the redundant trees) and query handling on a child; :mod:`overlay.multicast_protocol`
+merging the redundant trees) and query handling on a child; :mod:`overlay.multicast.protocol`
 holds the per-node tree protocol (dispatch, answers, deadlines, repair, reliable replies) and
-:mod:`overlay.multicast_session` its bookkeeping records. Public names are re-exported here.
+:mod:`overlay.multicast.session` its bookkeeping records. Public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId, ring_distance
 from overlay.messages import Message
-from overlay.multicast_api import (
+from overlay.multicast.api import (
     BUILTIN_AGGREGATORS,
     Aggregator,
     CollectIds,
@@ -69,17 +69,17 @@ from overlay.multicast_api import (
     ResultCallback,
     UnknownAggregatorError,
 )
-from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck
-from overlay.multicast_protocol import TreeProtocol
-from overlay.multicast_ranges import (
+from overlay.multicast.messages import McAck, McQuery, McReply, McReplyAck
+from overlay.multicast.protocol import TreeProtocol
+from overlay.multicast.ranges import (
     CCW,
     CW,
     in_region,
     intersect,
     region_to_cw,
 )
-from overlay.multicast_session import INF, Pair
-from overlay.multicast_tree import inside_region, region_members
+from overlay.multicast.session import INF, Pair
+from overlay.multicast.tree import inside_region, region_members
 
 if TYPE_CHECKING:
     from overlay.kbr import KbrCore

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from sim_adapter import bench
-from sim_adapter.bench_overlay import add_common_arguments, run_overlay
+from sim_adapter.bench.overlay import add_common_arguments, run_overlay
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,23 +1,37 @@
 """Public types of the multicast application: config, aggregator plug-ins, results, errors.
 
-Split from :mod:`overlay.multicast` (which re-exports everything here) to keep modules small.
-See that module's theory of operation (PonD §3.1, DESIGN §2.4).
+Split from :mod:`overlay.multicast.app` to keep modules small; the package re-exports
+everything here. See :mod:`overlay.multicast.app` for the theory of operation (PonD §3.1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from overlay.errors import OverlayError
 from overlay.ids import NodeId
-from overlay.multicast_messages import Range
+from overlay.multicast.messages import Range
 from overlay.validators import non_negative, positive
 
 if TYPE_CHECKING:
-    from overlay.multicast import Multicast
+    from overlay.kbr import KbrCore
+
+
+class MulticastHost(Protocol):
+    """What an aggregator's ``map`` sees of the local multicast application.
+
+    A narrow interface (the local core and the dissemination listeners) so that plug-ins and
+    this module do not depend on the application class itself.
+    """
+
+    @property
+    def core(self) -> KbrCore: ...
+
+    @property
+    def listeners(self) -> Sequence[Callable[[Any], None]]: ...
 
 
 class UnknownAggregatorError(OverlayError, KeyError):
@@ -69,7 +83,7 @@ class Aggregator(Protocol):
     "no value" (a relay, an empty region) and is never passed to ``reduce`` or ``merge``.
     """
 
-    def map(self, mc: Multicast, arg: Any) -> Any:
+    def map(self, mc: MulticastHost, arg: Any) -> Any:
         """This node's own contribution (``mc.core`` is the local core: id, state, ...)."""
 
     def reduce(self, arg: Any, acc: Any, child: Any) -> Any:
@@ -90,7 +104,7 @@ class Count:
     ranges hold no live node the other tree missed (e.g. only crashed nodes, after repair).
     """
 
-    def map(self, mc: Multicast, arg: Any) -> int:
+    def map(self, mc: MulticastHost, arg: Any) -> int:
         return 1
 
     def reduce(self, arg: Any, acc: int, child: int) -> int:
@@ -110,7 +124,7 @@ class CollectIds:
     exact "dedupe by node id" of the redundant trees.
     """
 
-    def map(self, mc: Multicast, arg: Any) -> tuple[NodeId, ...]:
+    def map(self, mc: MulticastHost, arg: Any) -> tuple[NodeId, ...]:
         return (mc.core.id,)
 
     def reduce(self, arg: Any, acc: tuple[NodeId, ...], child: tuple[NodeId, ...]) -> Any:
@@ -126,7 +140,7 @@ class CollectIds:
 class _Deliver(Count):
     """Dissemination: hand the payload to the node's listeners, count the nodes reached."""
 
-    def map(self, mc: Multicast, arg: Any) -> int:
+    def map(self, mc: MulticastHost, arg: Any) -> int:
         for fn in mc.listeners:
             fn(arg)
         return 1

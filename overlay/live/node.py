@@ -20,9 +20,9 @@ Theory of operation (DESIGN §1.1, §3; the h11/aioquic "sans-io core + thin dri
 * A small read-only control protocol (status and lookup requests, tags 16–19) lets the CLI and
   operators ask a running node about itself and about who is responsible for a key.
 
-Split by concern (each module re-exported here): :mod:`overlay.node_runtime` (the Runtime: clock,
-timer heap, sends), :mod:`overlay.node_apps` (application endpoints and the lookup application),
-:mod:`overlay.node_control` (the control messages and :class:`ControlClient`).
+Split by concern (each module re-exported here): :mod:`overlay.live.runtime` (the Runtime: clock,
+timer heap, sends), :mod:`overlay.live.apps` (application endpoints and the lookup application),
+:mod:`overlay.live.control` (the control messages and :class:`ControlClient`).
 """
 
 from __future__ import annotations
@@ -48,11 +48,8 @@ from overlay.handle import Address, NodeHandle
 from overlay.identity import Identity
 from overlay.ids import NodeId
 from overlay.kbr import KbrCore
-from overlay.messages import Message
-from overlay.multicast import Multicast
-from overlay.multicast import attach as attach_multicast
-from overlay.node_apps import LOOKUP_APP, Delivery, Endpoint, LookupApp
-from overlay.node_control import (
+from overlay.live.apps import LOOKUP_APP, Delivery, Endpoint, LookupApp
+from overlay.live.control import (
     ControlClient,
     LookupReply,
     LookupRequest,
@@ -60,7 +57,10 @@ from overlay.node_control import (
     StatusRequest,
     await_reply,
 )
-from overlay.node_runtime import TrioRuntime, exit_nursery
+from overlay.live.runtime import TrioRuntime, exit_nursery
+from overlay.messages import Message
+from overlay.multicast import Multicast
+from overlay.multicast import attach as attach_multicast
 from overlay.wire import Wire, WireError, encode_message, intern_handle
 from transports.address import AddressError, parse_address
 from transports.auth import Signer, Verifier
@@ -182,7 +182,17 @@ class Node:
     @property
     def core(self) -> KbrCore:
         """The sans-io overlay core (for plugins registering on it; do not call from threads)."""
-        return self._require_core()
+        return self.require_core()
+
+    @property
+    def counters(self) -> Counter[str]:
+        """The driver's own event counters (mutable; :attr:`stats` is the read-only view)."""
+        return self._counters
+
+    @property
+    def running_core(self) -> KbrCore | None:
+        """The core while the node runs, else None (never raises)."""
+        return self._core
 
     @property
     def ready(self) -> bool:
@@ -331,7 +341,8 @@ class Node:
         return self._closed
 
     # ------------------------------------------------------------------ I/O
-    def _send(self, address: Address, msg: Message, peer: NodeId | None) -> None:
+    def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
+        """Encode, sign and send ``msg`` to ``address`` (``peer``: the receiver's id, if known)."""
         if self._closed:
             return
         if not isinstance(address, str):
@@ -397,13 +408,14 @@ class Node:
             self._on_control(src, msg)
             return
         if t is StatusReply or t is LookupReply:
-            self._on_reply(msg)
+            self.deliver_reply(msg)
             return
         core = self._core
         if core is not None:
             core.receive(src, msg)
 
-    def _on_reply(self, msg: Message) -> None:
+    def deliver_reply(self, msg: Message) -> None:
+        """Hand a control reply to the request waiting for its nonce (or count it)."""
         waiter = self._ctl_waiters.pop(getattr(msg, "nonce", -1), None)
         if waiter is not None:
             waiter(msg)
@@ -415,7 +427,7 @@ class Node:
         if core is None:
             return
         if isinstance(msg, StatusRequest):
-            self._send(src.address, self.status_reply(msg.nonce), src.id)
+            self.send_message(src.address, self.status_reply(msg.nonce), src.id)
         elif isinstance(msg, LookupRequest):
             if not core.ready:
                 self._counters["lookup_not_ready"] += 1
@@ -440,15 +452,17 @@ class Node:
         )
 
     # ------------------------------------------------------------------ API
-    def _require_core(self) -> KbrCore:
+    def require_core(self) -> KbrCore:
+        """The running core; :class:`NotReadyError` before entry or after close."""
         if self._core is None:
             raise NotReadyError("the node is not running: use `async with Node(...) as node`")
         if self._closed:
             raise NotReadyError("the node has been closed")
         return self._core
 
-    def _require_ready(self) -> KbrCore:
-        core = self._require_core()
+    def require_ready(self) -> KbrCore:
+        """The running core once joined; :class:`NotReadyError` otherwise."""
+        core = self.require_core()
         if not core.ready:
             raise NotReadyError("the node has not joined the overlay yet: await node.join(seeds)")
         return core
@@ -458,7 +472,7 @@ class Node:
 
         Raises :class:`JoinError` (with ``.tried``) if the join does not finish in time.
         """
-        core = self._require_core()
+        core = self.require_core()
         if isinstance(seeds, str):
             seeds = [seeds]
         seeds = [s for s in seeds if s != self.address]
@@ -493,14 +507,14 @@ class Node:
         update: Callable[[NodeHandle, bool], None] | None = None,
     ) -> Endpoint:
         """Register application ``name`` and return its endpoint (names are unique per node)."""
-        core = self._require_core()
+        core = self.require_core()
         ep = Endpoint(self, name, buffer, forward, update)
         core.register(name, ep)
         return ep
 
     async def probe(self, handle: NodeHandle, timeout_s: float | None = None) -> float:
         """Measure the RTT to ``handle`` (seconds); :class:`ProbeError` if it does not answer."""
-        core = self._require_core()
+        core = self.require_core()
         done = trio.Event()
         out: list[float | None] = []
 
@@ -523,7 +537,7 @@ class Node:
 
         Retried up to three times within ``timeout_s``; :class:`OverlayError` if none answers.
         """
-        core = self._require_ready()
+        core = self.require_ready()
         nonce = self._rng.getrandbits(62)
 
         def send() -> None:

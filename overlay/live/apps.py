@@ -1,11 +1,11 @@
 """Application endpoints of ``overlay.Node``: the trio side of the KBR application upcalls.
 
-Theory of operation (DESIGN §1.2, §3; split from :mod:`overlay.node`, which uses it): a core
+Theory of operation (DESIGN §1.2, §3; split from :mod:`overlay.live.node`, which uses it): a core
 calls its applications synchronously (``deliver`` / ``forward`` / ``update``). An
 :class:`Endpoint` turns ``deliver`` into an async iterator of :class:`Delivery` through a bounded
 trio memory channel (full: dropped and counted, never blocking the core) and offers ``route`` /
 ``send`` as awaitables. :class:`LookupApp` is the built-in application behind the control
-protocol's lookups (``overlay.node_control``): the node responsible for a key answers the asker.
+protocol's lookups (``overlay.live.control``): the node responsible for a key answers the asker.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import trio
 
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
-from overlay.node_control import LookupReply
+from overlay.live.control import LookupReply
 
 if TYPE_CHECKING:
-    from overlay.node import Node
+    from overlay.live.host import NodeHost
 
 __all__ = ["LOOKUP_APP", "Delivery", "Endpoint", "LookupApp"]
 
@@ -47,7 +47,7 @@ class Endpoint:
 
     def __init__(
         self,
-        node: Node,
+        node: NodeHost,
         name: str,
         buffer: int,
         forward: Callable[[NodeId, Any, NodeHandle], NodeHandle | None] | None,
@@ -64,7 +64,7 @@ class Endpoint:
         try:
             self._send.send_nowait(Delivery(key, payload, src))
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            self.node._counters["app_queue_full"] += 1
+            self.node.counters["app_queue_full"] += 1
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
         if self._forward is None:
@@ -78,13 +78,13 @@ class Endpoint:
     # the async side
     async def route(self, key: NodeId, payload: Any, hint: NodeHandle | None = None) -> None:
         """Route ``payload`` to the node responsible for ``key`` (datagram semantics)."""
-        core = self.node._require_ready()
+        core = self.node.require_ready()
         core.route(key, self.name, payload, hint)
         await trio.lowlevel.checkpoint()
 
     async def send(self, handle: NodeHandle, payload: Any) -> None:
         """Send ``payload`` straight to one node's endpoint of the same name (no routing)."""
-        core = self.node._require_core()
+        core = self.node.require_core()
         core.send_direct(handle, self.name, payload)
         await trio.lowlevel.checkpoint()
 
@@ -103,7 +103,7 @@ class Endpoint:
 
     def close(self) -> None:
         """Unregister; a pending ``async for`` ends."""
-        core = self.node._core
+        core = self.node.running_core
         if core is not None and core.apps.get(self.name) is self:
             core.unregister(self.name)
         self._send.close()
@@ -112,7 +112,7 @@ class Endpoint:
 class LookupApp:
     """Built-in application answering ``LookupRequest``s on the responsible node."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeHost) -> None:
         self.node = node
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
@@ -123,14 +123,14 @@ class LookupApp:
             or not isinstance(payload[1], NodeHandle)
             or not isinstance(payload[2], NodeHandle)
         ):
-            self.node._counters["bad_lookup"] += 1
+            self.node.counters["bad_lookup"] += 1
             return
         nonce, asker, entry = payload
         reply = LookupReply(nonce, key, self.node.handle, entry)
         if asker.id == self.node.id:
-            self.node._on_reply(reply)
+            self.node.deliver_reply(reply)
         else:
-            self.node._send(asker.address, reply, asker.id)
+            self.node.send_message(asker.address, reply, asker.id)
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
         return next_hop

@@ -1,6 +1,6 @@
 """The read-only control protocol of live nodes: status and lookup requests (tags 16–19).
 
-Theory of operation (DESIGN §3; split from :mod:`overlay.node`, which answers these requests):
+Theory of operation (DESIGN §3; split from :mod:`overlay.live.node`, which answers these requests):
 an operator or the CLI (``flockring status`` / ``route``) sends a signed :class:`StatusRequest`
 or :class:`LookupRequest` to a running node without joining the overlay. A status request is
 answered at once with a :class:`StatusReply`; a lookup is routed through the overlay to the node
@@ -23,8 +23,8 @@ from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.identity import Identity
 from overlay.ids import NodeId
+from overlay.live.runtime import exit_nursery
 from overlay.messages import Message, register
-from overlay.node_runtime import exit_nursery
 from overlay.wire import Wire, encode_message
 from transports.auth import Signer, Verifier
 from transports.base import Transport

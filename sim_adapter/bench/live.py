@@ -1,7 +1,7 @@
 """``flockring bench live``: a live swarm on loopback UDP in one process, beside bmuller's kademlia.
 
 Theory of operation (DESIGN §4, issue 3 "Measure and report"): each configuration runs in a
-fresh worker process (``python -m sim_adapter.bench_live --worker``) so that RSS baselines are
+fresh worker process (``python -m sim_adapter.bench.live --worker``) so that RSS baselines are
 clean. A worker binds N UDP sockets on 127.0.0.1 (port 0), starts N :class:`overlay.Node`
 objects in one trio loop and joins them one at a time, each through up to three random earlier
 nodes — the shape of ``../shared/peers/bench_kademlia.py``, whose own measurement of
@@ -86,7 +86,7 @@ async def _worker(
     import overlay.pastry.core  # noqa: F401
     from overlay.identity import Identity
     from overlay.ids import NodeId, closer
-    from overlay.node import Node
+    from overlay.live.node import Node
     from transports.udp import open_udp
 
     rng = random.Random(seed)
@@ -95,13 +95,13 @@ async def _worker(
     node_rng = random.Random(rng.getrandbits(64))
     kinds: Counter[str] = Counter()
     if by_type:
-        orig_send = Node._send
+        orig_send = Node.send_message
 
         def counting_send(self: Node, address: Any, msg: Any, peer: Any) -> None:
             kinds[_msg_kind(msg)] += 1
             orig_send(self, address, msg, peer)
 
-        Node._send = counting_send  # type: ignore[method-assign]
+        Node.send_message = counting_send  # type: ignore[method-assign]
     gc.collect()
     rss0 = _rss_kib()
     nodes: list[Node] = []
@@ -307,7 +307,7 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the configured workers (and kademlia) and return one result document."""
-    me = [sys.executable, "-m", "sim_adapter.bench_live", "--worker"]
+    me = [sys.executable, "-m", "sim_adapter.bench.live", "--worker"]
     common = ["--nodes", str(args.nodes), "--lookups", str(args.lookups), "--seed", str(args.seed)]
     result: dict[str, Any] = {"bench": "live", "env": bench.environment(), "N": args.nodes}
     modes = {"both": ["off", "on"], "on": ["on"], "off": ["off"]}[args.signing]

@@ -8,7 +8,7 @@ the node itself takes its own place in that order when it lies inside the region
 before it ends at it. The first node also covers the stretch between the region's start and
 itself (a node always knows its ring neighbours, so nobody the parent could have named lives
 there). The counter-clockwise tree mirrors it: regions are written in the tree's direction
-(``overlay.multicast_ranges``), so the same code serves both trees.
+(``overlay.multicast.ranges``), so the same code serves both trees.
 
 :func:`region_members` asks the overlay (``KbrCore.known_in_range``, the KBR API) and
 :func:`partition` turns the answer into children. :class:`overlay.multicast.Multicast` sends

@@ -2,11 +2,11 @@
 
 Split from :mod:`overlay.multicast` (theory of operation there; PonD §2.3, §3.1, §4.1, DESIGN
 §2.4). :class:`TreeProtocol` is the base of :class:`overlay.multicast.Multicast` and owns what a
-node does once it holds a :class:`~overlay.multicast_session.Session` for a region, whether as
+node does once it holds a :class:`~overlay.multicast.session.Session` for a region, whether as
 root or as an internal node:
 
 * **Dispatch** (``_dispatch``/``_relay``/``_send_child``): partition the region over the nodes
-  this node knows there (:mod:`overlay.multicast_tree`), or relay it towards the region with the
+  this node knows there (:mod:`overlay.multicast.tree`), or relay it towards the region with the
   overlay's ``next_hop``; each child gets a budget of ``level_s · (depth_factor · log2(s + 1) +
   slack)`` for its estimated s nodes, clamped to the parent's own deadline.
 * **Answers** (``_on_ack``/``_on_reply``/``_finish``): reduce the children's values, collect
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId
 from overlay.kbr import BaseApplication
-from overlay.multicast_api import Aggregator, MulticastConfig, MulticastResult
-from overlay.multicast_messages import McAck, McQuery, McReply, McReplyAck
-from overlay.multicast_ranges import in_region, normalize, region_to_cw
-from overlay.multicast_session import (
+from overlay.multicast.api import Aggregator, MulticastConfig, MulticastResult
+from overlay.multicast.messages import McAck, McQuery, McReply, McReplyAck
+from overlay.multicast.ranges import in_region, normalize, region_to_cw
+from overlay.multicast.session import (
     ACKED,
     ANSWERED,
     EPS,
@@ -43,7 +43,7 @@ from overlay.multicast_session import (
     ChildRecord,
     Session,
 )
-from overlay.multicast_tree import inside_region, partition, region_members
+from overlay.multicast.tree import inside_region, partition, region_members
 
 if TYPE_CHECKING:
     from overlay.kbr import KbrCore

@@ -23,10 +23,13 @@ from typing import Any
 #: modules that contribute ``flockring bench`` subcommands: each has ``register(subparsers)``
 #: adding a parser whose ``func`` default is ``run(args) -> dict``.
 BENCH_MODULES = (
-    "sim_adapter.bench_pastry",
-    "sim_adapter.bench_smallworld",
-    "sim_adapter.bench_multicast",
-    "sim_adapter.bench_live",
+    "sim_adapter.bench.pastry",
+    "sim_adapter.bench.smallworld",
+    "sim_adapter.bench.multicast",
+    "sim_adapter.bench.live",
+    "sim_adapter.bench.flock",
+    "sim_adapter.bench.query",
+    "sim_adapter.bench.failover",
 )
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from overlay.handle import NodeHandle
-from overlay.multicast_api import Aggregator, MulticastResult, ResultCallback
-from overlay.multicast_messages import McQuery, McReply, Range
-from overlay.multicast_ranges import CW
+from overlay.multicast.api import Aggregator, MulticastResult, ResultCallback
+from overlay.multicast.messages import McQuery, McReply, Range
+from overlay.multicast.ranges import CW
 from overlay.runtime import Timer
 
 __all__ = [

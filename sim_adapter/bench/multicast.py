@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from sim_adapter import bench
-from sim_adapter.bench_overlay import make_latency
+from sim_adapter.bench.overlay import make_latency
 from sim_adapter.network import Network
 
 #: PondSim's full-ring query latency (s) by N, 0.5 % loss (PonD §4.2.1, Fig. 6 inner graph).

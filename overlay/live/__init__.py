@@ -1,0 +1,16 @@
+"""The trio driver of the sans-io overlay cores: ``overlay.Node`` and its parts.
+
+* :mod:`overlay.live.node` — :class:`Node`, an async context manager owning one transport, one
+  core and one nursery (receive loop, timer task);
+* :mod:`overlay.live.runtime` — the :class:`~overlay.runtime.Runtime` the core sees (trio clock,
+  one timer heap, signed sends);
+* :mod:`overlay.live.apps` — application endpoints (``node.application(name)``);
+* :mod:`overlay.live.control` — status/lookup control messages and the control client;
+* :mod:`overlay.live.host` — the narrow node interface the runtime and endpoints use.
+
+This is the only part of :mod:`overlay` (besides :mod:`overlay.testing`) that imports trio.
+"""
+
+from overlay.live.node import CoreFactory, Node, ProbeError
+
+__all__ = ["CoreFactory", "Node", "ProbeError"]

@@ -1,0 +1,91 @@
+"""What the join and maintenance protocols see of the Pastry core that owns them.
+
+The core (:mod:`overlay.pastry.core`) builds a :class:`~overlay.pastry.join.JoinProtocol` and a
+:class:`~overlay.pastry.maintenance.Maintenance` and dispatches messages to them; they in turn
+read and change the node's state (leaf set, routing table, proximity) through the core's
+mutators, which keep the invariants that span both (MSPastry §3: a leaf-set change notifies the
+joiner and the maintenance timers). They type against this protocol rather than importing the
+core class, so the import graph has arrows in one direction only: core → join, maintenance →
+host and the state modules below it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from overlay.handle import Address, NodeHandle
+from overlay.ids import NodeId
+from overlay.pastry.config import PastryConfig
+from overlay.pastry.leaf_set import LeafSet
+from overlay.pastry.routing_table import RoutingTable
+from overlay.proximity import Proximity
+from overlay.runtime import Runtime
+
+__all__ = ["JoinerView", "MaintenanceView", "PastryHost"]
+
+
+class JoinerView(Protocol):
+    """What maintenance uses of the join protocol: the bootstrap seeds, for partition healing."""
+
+    seeds: list[Address]
+
+
+class MaintenanceView(Protocol):
+    """What the join protocol uses of maintenance: start the periodic work once ready."""
+
+    def on_ready(self) -> None:
+        """The node became ready: start heartbeats and row exchange."""
+
+
+class PastryHost(Protocol):
+    """The state and mutators of a Pastry node, as join and maintenance use them."""
+
+    runtime: Runtime
+    handle: NodeHandle
+    id: NodeId
+    config: PastryConfig
+    stats: Counter[str]
+    ready: bool
+    stopped: bool
+    prox: Proximity
+    leaf: LeafSet
+    table: RoutingTable
+    report_time: float
+    dead_by_report: set[NodeHandle]
+
+    @property
+    def joiner(self) -> JoinerView: ...
+
+    @property
+    def maint(self) -> MaintenanceView: ...
+
+    def add_leaf(self, h: NodeHandle) -> bool:
+        """Offer ``h`` to the leaf set; True if it was added."""
+
+    def learn_alive(self, h: NodeHandle) -> None:
+        """``h`` answered us: offer it to the leaf set and the routing table."""
+
+    def offer_leaves(self, cands: Iterable[NodeHandle], skip_dead: bool = True) -> None:
+        """Offer leaf-set candidates (probing those not yet known alive)."""
+
+    def consider(self, h: NodeHandle, probe: bool) -> bool:
+        """Offer ``h`` to the routing table (proximity neighbour selection)."""
+
+    def accept_failure_report(self, h: NodeHandle, found_at: float) -> None:
+        """A peer reported ``h`` failed: act on it per the core's rules."""
+
+    def route(
+        self, key: NodeId | None, app: str, payload: Any, hint: NodeHandle | None = None
+    ) -> None:
+        """KBR route (see :meth:`overlay.kbr.KbrCore.route`)."""
+
+    def register(self, name: str, app: Any) -> None:
+        """Register a KBR application."""
+
+
+#: signature of a join completion callback
+JoinDone = Callable[[bool], None]
+#: a sequence of seed addresses
+Seeds = Sequence[Address]

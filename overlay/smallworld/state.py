@@ -1,0 +1,104 @@
+"""Per-join progress and what the join and maintenance parts see of a small-world node.
+
+The core (:mod:`overlay.smallworld.core`) dispatches messages and timers to the join
+(:mod:`~overlay.smallworld.join`) and maintenance (:mod:`~overlay.smallworld.maintenance`)
+functions; those read and change the node's connection table and join progress through the
+core's mutators (``link``, ``drop``, ``consider_near``, ``send_connect``) so the invariants of
+the ring (Brunet: two near connections per side, shortcuts at log-uniform distances) are kept
+in one place. They type against :class:`SmallWorldHost` rather than the core class, so imports
+point one way only: core → join, maintenance → state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from overlay.handle import Address, NodeHandle
+from overlay.ids import NodeId
+from overlay.proximity import Proximity
+from overlay.runtime import Runtime, Timer
+from overlay.smallworld.config import SmallWorldConfig
+from overlay.smallworld.connections import ConnectionTable
+
+__all__ = ["JoinState", "SmallWorldHost"]
+
+
+class JoinState:
+    """Progress of one join (allocated only while joining)."""
+
+    __slots__ = ("attempt", "linking", "offset", "on_done", "pending", "seeds", "timer", "token")
+
+    def __init__(
+        self,
+        seeds: tuple[Address, ...],
+        on_done: Callable[[bool], None] | None,
+        offset: int = 0,
+    ) -> None:
+        self.seeds = seeds
+        self.on_done = on_done
+        self.offset = offset  # index of the first seed tried: rejoins start at a random one
+        self.attempt = 0
+        self.token = 0
+        self.linking = False
+        self.pending: set[NodeHandle] = set()
+        self.timer: Timer | None = None
+
+
+class SmallWorldHost(Protocol):
+    """The state and mutators of a small-world node, as join and maintenance use them."""
+
+    runtime: Runtime
+    handle: NodeHandle
+    id: NodeId
+    config: SmallWorldConfig
+    stats: Counter[str]
+    ready: bool
+    stopped: bool
+    prox: Proximity
+    table: ConnectionTable
+    #: progress of the join under way (None when not joining)
+    join_state: JoinState | None
+    #: the seeds of the last join, for rejoining after isolation
+    seeds: tuple[Address, ...]
+    #: shortcut connection requests in flight, and when the current batch times out
+    shortcut_pending: int
+    shortcut_deadline: float
+    #: when the node (re)started, and when the next stabilization round is due
+    started_at: float
+    next_stabilize: float
+
+    def next_token(self) -> int:
+        """A fresh token to match connection replies to requests."""
+
+    def link(self, h: NodeHandle, kind: int, token: int = 0) -> bool:
+        """Add a connection of ``kind`` to ``h``; True if added."""
+
+    def drop(self, h: NodeHandle, kind: int) -> None:
+        """Remove a connection of ``kind`` to ``h``."""
+
+    def consider_near(self, cands: Sequence[NodeHandle], token: int = 0) -> list[NodeHandle]:
+        """Offer near-connection candidates; returns those newly linked."""
+
+    def closest_known(
+        self, target: int, k: int, exclude_id: int, with_self: bool = True
+    ) -> tuple[NodeHandle, ...]:
+        """Up to ``k`` live known nodes closest to ``target``."""
+
+    def send_connect(
+        self,
+        target: int,
+        kind: int,
+        token: int,
+        origin: NodeHandle | None = None,
+        hint: NodeHandle | None = None,
+    ) -> None:
+        """Route a connection request towards ``target``."""
+
+    def rejoin(self) -> None:
+        """Join again through the last seeds (isolated node)."""
+
+
+#: signature of a join completion callback
+JoinDone = Callable[[bool], None]
