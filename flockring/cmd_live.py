@@ -1,4 +1,4 @@
-"""Live subcommands of the ``flockring`` CLI: node, status, route, demo (DESIGN §3.1).
+"""Live subcommands of the ``flockring`` CLI: node, status, route, demo (docs/live.md).
 
 Theory of operation: ``node`` runs one or more :class:`overlay.Node` objects in this process on
 UDP (or TCP) sockets, joins them through the given seeds (or starts a ring), prints one
@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import trio
 
 from flockring.cli import CliError
+from flockring.tables import status_rows, status_table
 from overlay.errors import OverlayError
 from overlay.identity import Identity
 from overlay.ids import NodeId, closer
@@ -69,24 +70,6 @@ def _open_transport(address: str, tls_key: Any = None) -> Any:
     if address.startswith("tcp://"):
         return open_tcp(address, tls_key=tls_key)
     return open_udp(address)
-
-
-def _status_rows(nodes: Sequence[Node]) -> list[str]:
-    hdr = (
-        f"{'id':<10} {'address':<24} {'ready':<5} {'leaf':>4} {'rt':>4} {'known':>5} "
-        f"{'sent':>7} {'recv':>7} {'routed':>6} {'drop':>5}"
-    )
-    out = [hdr]
-    for n in nodes:
-        s = n.stats
-        rt = sum(len(r) for r in n.routing_table)
-        known = len(n.core.known_nodes()) if not n.closed else 0
-        out.append(
-            f"{n.id.short():<10} {n.address:<24} {'yes' if n.ready else 'no':<5} "
-            f"{len(n.leaf_set):>4} {rt:>4} {known:>5} {s.get('transport.sent', 0):>7} "
-            f"{s.get('transport.received', 0):>7} {s.get('delivered', 0):>6} {n.dropped():>5}"
-        )
-    return out
 
 
 # ------------------------------------------------------------------ flockring node
@@ -139,14 +122,21 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
         async def status_loop() -> None:
             if args.status_interval <= 0:
                 return
-            tty = out.isatty()
-            while True:
-                await trio.sleep(args.status_interval)
-                rows = _status_rows(nodes)
-                if tty:
-                    out.write("\x1b[H\x1b[2J")
-                out.write("\n".join(rows) + "\n")
-                out.flush()
+            if not out.isatty():  # a pipe or a log: plain tables, one after the other
+                while True:
+                    await trio.sleep(args.status_interval)
+                    out.write("\n".join(status_rows(nodes)) + "\n")
+                    out.flush()
+            from rich.console import Console
+            from rich.live import Live
+
+            title = f"flockring {args.overlay}: {len(nodes)} node(s), Ctrl-C to leave"
+            with Live(
+                status_table(nodes, title), console=Console(file=out), auto_refresh=False
+            ) as live:
+                while True:
+                    await trio.sleep(args.status_interval)
+                    live.update(status_table(nodes, title), refresh=True)
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
             async with trio.open_nursery() as inner:

@@ -1,7 +1,7 @@
 """Shared benchmark helpers: resource readings, percentiles, JSON output, the bench registry.
 
 Benchmarks are run by hand (``flockring bench NAME ...``) or by CI only in small sizes; they
-print one JSON document. Time-based assertions do not belong in unit tests (DESIGN §4), so the
+print one JSON document. Time-based assertions do not belong in unit tests (docs/design.md), so the
 targets are checked here and reported, never asserted.
 """
 
@@ -122,22 +122,77 @@ def emit(result: dict[str, Any], as_json: bool, out: str | None = None) -> None:
 
 
 class Progress:
-    """A minimal stderr progress bar (no dependency); silent when stderr is not a tty."""
+    """A progress bar with ETA for one long phase (joins, builds, lookups, queries).
+
+    Called as ``progress(done, total)`` — the callback shape ``Network.spawn`` and the benches
+    take, so the simulator itself never depends on a terminal library. On a terminal it draws a
+    ``rich`` bar on stderr (stdout stays clean for ``--json``); elsewhere (a pipe, CI, a log
+    file) it prints a plain line at the start, every quarter and at the end. ``enabled=False``
+    silences it; ``None`` (the default) draws only when stderr is a terminal and prints the
+    plain lines only when asked (``enabled=True``).
+    """
 
     def __init__(self, label: str, enabled: bool | None = None) -> None:
         self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self._last = -1
+        tty = sys.stderr.isatty()
+        self.enabled = tty if enabled is None else enabled
+        self._rich = self.enabled and tty
+        self._bar: Any = None
+        self._task: Any = None
+        self._quarter = -1
+        self._t0 = 0.0
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or total <= 0:
             return
-        pct = int(100 * done / total)
-        if pct == self._last and done != total:
-            return
-        self._last = pct
-        bar = "#" * (pct // 4)
-        sys.stderr.write(f"\r{self.label} [{bar:<25}] {pct:3d}% ({done}/{total})")
+        if self._rich:
+            self._rich_update(done, total)
+        else:
+            self._plain_update(done, total)
+
+    def _rich_update(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TaskProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=total)
+        self._bar.update(self._task, completed=done, total=total)
         if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.close()
+
+    def _plain_update(self, done: int, total: int) -> None:
+        if self._quarter < 0:
+            self._t0 = time.perf_counter()
+        q = 4 * done // total
+        if q == self._quarter:
+            return
+        self._quarter = q
+        t = time.perf_counter() - self._t0
+        eta = t * (total - done) / done if done else math.nan
+        tail = "" if done >= total or math.isnan(eta) else f", ETA {eta:.0f} s"
+        print(f"{self.label}: {done}/{total} ({t:.1f} s{tail})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stop drawing (idempotent); a bar that reached its total closes itself."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -1,12 +1,12 @@
 """``flockring bench live``: a live swarm on loopback UDP in one process, beside bmuller's kademlia.
 
-Theory of operation (DESIGN §4, issue 3 "Measure and report"): each configuration runs in a
+Theory of operation (docs/design.md, "Performance targets"): each configuration runs in a
 fresh worker process (``python -m sim_adapter.bench.live --worker``) so that RSS baselines are
 clean. A worker binds N UDP sockets on 127.0.0.1 (port 0), starts N :class:`overlay.Node`
 objects in one trio loop and joins them one at a time, each through up to three random earlier
-nodes — the shape of ``../shared/peers/bench_kademlia.py``, whose own measurement of
-kademlia 2.2.3 (asyncio, one ``Server`` per socket, sequential bootstrap from up to 3 earlier
-nodes) is run beside ours. Then M lookups run one at a time from random nodes for random keys;
+nodes — the shape of the project's peer script ``benchmarks/peers/kademlia_bench.py``, which
+measures kademlia 2.2.3 (asyncio, one ``Server`` per socket, sequential bootstrap from up to 3
+earlier nodes) beside ours. Then M lookups run one at a time from random nodes for random keys;
 each is checked against the brute-force oracle (the numerically closest id) and the datagrams
 sent by all nodes while it ran are counted (kademlia's script counts the same way, so periodic
 maintenance traffic during a lookup is included on both sides).
@@ -41,8 +41,9 @@ TARGET_RSS_KIB = 28.0
 def _kademlia_script() -> Path | None:
     env = os.environ.get("FLOCKRING_KADEMLIA_BENCH")
     cands = [Path(env)] if env else []
-    root = Path(__file__).resolve().parents[1]
-    cands += [root.parent / "shared" / "peers" / "bench_kademlia.py"]
+    # the project's own peer script: <repo>/benchmarks/peers/kademlia_bench.py
+    root = Path(__file__).resolve().parents[2]
+    cands += [root / "benchmarks" / "peers" / "kademlia_bench.py"]
     for c in cands:
         if c.is_file():
             return c
@@ -250,7 +251,7 @@ def _worker_main(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- orchestration
 def _run_child(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the repository root
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -320,7 +321,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         script = _kademlia_script()
         if script is None:
-            kad = {"available": False, "reason": "bench_kademlia.py not found (../shared/peers)"}
+            kad = {
+                "available": False,
+                "reason": "benchmarks/peers/kademlia_bench.py not found "
+                "(set FLOCKRING_KADEMLIA_BENCH)",
+            }
         else:
             py, how = _ensure_kademlia(Path(args.kademlia_venv))
             if py is None:

@@ -130,7 +130,8 @@ def _events(
     msgs: list[int] = []
     counted: list[float] = []
     missing: list[int] = []
-    for root in roots:
+    prog = bench.Progress("queries", args.progress or None)
+    for i, root in enumerate(roots):
         m0 = net.message_count
         c0 = time.process_time()
         with bench.stopwatch() as t_q:
@@ -138,6 +139,7 @@ def _events(
         walls.append(t_q())
         cpus.append(time.process_time() - c0)
         msgs.append(net.message_count - m0)
+        prog(i + 1, len(roots))
         lats.append(a.latency_s)
         depths.append(a.depth)
         counted.append(a.value / n_live)
