@@ -11,6 +11,6 @@
 This is the only part of :mod:`overlay` (besides :mod:`overlay.testing`) that imports trio.
 """
 
-from overlay.live.node import CoreFactory, Node, ProbeError
+from overlay.live.node import ControlHandler, CoreFactory, Node, ProbeError
 
-__all__ = ["CoreFactory", "Node", "ProbeError"]
+__all__ = ["ControlHandler", "CoreFactory", "Node", "ProbeError"]

@@ -164,8 +164,9 @@ class ControlClient:
             if opened is None:
                 continue
             msg = self._wire.decode(opened.body)
-            if isinstance(msg, (StatusReply, LookupReply)):
-                w = self._waiters.pop(msg.nonce, None)
+            nonce = getattr(msg, "nonce", None)
+            if msg is not None and isinstance(nonce, int):
+                w = self._waiters.pop(nonce, None)
                 if w is not None:
                     w(msg)
 
@@ -179,6 +180,21 @@ class ControlClient:
         if reply is None:
             raise OverlayError(f"no answer from {address} within {timeout_s:g}s")
         return reply
+
+    def new_nonce(self) -> int:
+        """A fresh request nonce (62 random bits)."""
+        return self._rng.getrandbits(62)
+
+    async def request(self, address: str, msg: Message, timeout_s: float = 5.0) -> Message:
+        """Send a control request (any message with an int ``nonce`` field) to the node at
+        ``address`` and return the first message that comes back with the same nonce.
+
+        Retried up to three times within ``timeout_s``; :class:`OverlayError` if none came.
+        """
+        nonce = getattr(msg, "nonce", None)
+        if not isinstance(nonce, int):
+            raise OverlayError(f"{type(msg).__name__} has no int nonce field")
+        return await self._ask(address, msg, nonce, timeout_s)
 
     async def status(self, address: str, timeout_s: float = 3.0) -> StatusReply:
         """The :class:`StatusReply` of the node at ``address``."""

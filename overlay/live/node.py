@@ -85,6 +85,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CoreFactory = Callable[..., KbrCore]
+#: ``handler(src, request, reply)``: answer a control request by calling ``reply(message)``
+ControlHandler = Callable[[NodeHandle, Message, Callable[[Message], None]], None]
 
 _OVERLAYS: dict[str, tuple[str, str]] = {
     "pastry": ("overlay.pastry.core", "PastryCore"),
@@ -164,6 +166,7 @@ class Node:
         self._closed = False
         self.closed_event = trio.Event()
         self._ctl_waiters: dict[int, Callable[[Message], None]] = {}
+        self._control_handlers: dict[type[Message], ControlHandler] = {}
         self._own_id_bytes = self.identity.id.to_bytes_be()
 
     # ------------------------------------------------------------------ properties
@@ -410,6 +413,10 @@ class Node:
         if t is StatusReply or t is LookupReply:
             self.deliver_reply(msg)
             return
+        handler = self._control_handlers.get(t) if self._control_handlers else None
+        if handler is not None:
+            self._on_extra_control(handler, src, msg)
+            return
         core = self._core
         if core is not None:
             core.receive(src, msg)
@@ -433,6 +440,30 @@ class Node:
                 self._counters["lookup_not_ready"] += 1
                 return
             core.route(msg.key, LOOKUP_APP, (msg.nonce, src, self.handle))
+
+    def add_control_handler(self, request: type[Message], handler: ControlHandler) -> None:
+        """Answer control requests of class ``request`` (tools such as the CLI send them).
+
+        ``handler(src, msg, reply)`` runs in the receive loop and must not block; it calls
+        ``reply(message)`` when it has the answer — at once, or later from a timer or a plugin's
+        completion callback (a discovery query). A handler that raises is counted
+        (``control_errors``) and the request dropped; the node keeps serving.
+        """
+        if request in (StatusRequest, LookupRequest):
+            raise OverlayError(f"{request.__name__} is answered by the node itself")
+        if request in self._control_handlers:
+            raise OverlayError(f"a control handler for {request.__name__} is already set")
+        self._control_handlers[request] = handler
+
+    def _on_extra_control(self, handler: ControlHandler, src: NodeHandle, msg: Message) -> None:
+        def reply(answer: Message) -> None:
+            self.send_message(src.address, answer, src.id)
+
+        try:
+            handler(src, msg, reply)
+        except Exception:
+            self._counters["control_errors"] += 1
+            log.exception("control handler for %s failed", type(msg).__name__)
 
     def status_reply(self, nonce: int = 0) -> StatusReply:
         """This node's :class:`StatusReply` (what ``flockring status`` shows)."""

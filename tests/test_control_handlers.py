@@ -1,0 +1,67 @@
+"""Control requests beyond status/lookup: a tool registers a handler on a live node and a
+``ControlClient`` gets the answer by nonce; a failing handler is counted, never fatal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import pytest
+import trio
+
+from overlay.errors import OverlayError
+from overlay.handle import NodeHandle
+from overlay.live.control import ControlClient, StatusRequest
+from overlay.live.node import Node
+from overlay.messages import Message, register
+from transports import open_udp
+
+
+@register(221)
+@attrs.frozen(slots=True)
+class EchoRequest(Message):
+    nonce: int
+    text: str
+
+
+@register(222)
+@attrs.frozen(slots=True)
+class EchoReply(Message):
+    nonce: int
+    text: str
+    answered_by: NodeHandle
+
+
+async def test_handler_answers_now_and_later_and_failures_are_counted() -> None:
+    async with open_udp("udp://127.0.0.1:0") as t, Node(t, "pastry", seed=1) as node:
+        await node.join([])
+        later: list[Callable[[], None]] = []
+
+        def echo(src: NodeHandle, msg: Message, reply: Callable[[Message], None]) -> None:
+            assert isinstance(msg, EchoRequest)
+            if msg.text == "boom":
+                raise RuntimeError("handler bug")
+            answer = EchoReply(msg.nonce, msg.text.upper(), node.handle)
+            if msg.text == "later":  # answered from a timer, as a discovery query would
+                later.append(lambda: reply(answer))
+                node.core.runtime.call_later(0.05, later[-1])
+            else:
+                reply(answer)
+
+        node.add_control_handler(EchoRequest, echo)
+        with pytest.raises(OverlayError):
+            node.add_control_handler(EchoRequest, echo)
+        with pytest.raises(OverlayError):
+            node.add_control_handler(StatusRequest, echo)
+        async with open_udp("udp://127.0.0.1:0") as ct, ControlClient(ct) as client:
+            r = await client.request(node.address, EchoRequest(client.new_nonce(), "hi"))
+            assert isinstance(r, EchoReply) and r.text == "HI" and r.answered_by == node.handle
+            r = await client.request(node.address, EchoRequest(client.new_nonce(), "later"))
+            assert isinstance(r, EchoReply) and r.text == "LATER"
+            with pytest.raises(OverlayError):
+                await client.request(node.address, EchoRequest(client.new_nonce(), "boom"), 0.6)
+            assert node.stats["node.control_errors"] == 3  # one per retry of the failing request
+            # the node still serves after the failures
+            st = await client.status(node.address)
+            assert st.handle == node.handle
+        await trio.sleep(0)
