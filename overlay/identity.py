@@ -12,7 +12,10 @@ generation uses the ``cryptography`` library's CSPRNG (OpenSSL), never the globa
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import secrets
 from pathlib import Path
 
 import attrs
@@ -27,6 +30,20 @@ __all__ = ["Identity", "IdentityError"]
 
 class IdentityError(OverlayError):
     """A key file that cannot be read, parsed, written, or is readable by others."""
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a new directory entry durable (POSIX: fsync the directory)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _raw_public(key: Ed25519PrivateKey) -> bytes:
@@ -77,6 +94,7 @@ class Identity:
 
     # ------------------------------------------------------------------ files
     def private_pem(self) -> bytes:
+        """The private key as unencrypted PKCS#8 PEM (what :meth:`save` writes)."""
         return self.private_key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
@@ -84,16 +102,32 @@ class Identity:
         )
 
     def save(self, path: str | Path) -> None:
-        """Write the key to a new file with mode 0600 (an existing file is an error)."""
+        """Write the key to a new file with mode 0600 (an existing file is an error).
+
+        Atomic: the key is written and fsync-ed into a private temporary file in the same
+        directory, which is then hard-linked to ``path`` (``link`` fails if ``path`` exists, so
+        two processes racing to create the same key file cannot overwrite each other) and
+        removed. A crash leaves either no key file or a whole one, never an empty one.
+        """
         p = Path(path)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            p.touch(mode=0o600, exist_ok=False)
-            p.chmod(0o600)  # touch() honours the umask, which may only remove bits
-            p.write_bytes(self.private_pem())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # O_CREAT honours the umask, which may only remove bits
+                os.write(fd, self.private_pem())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, p)
+            _fsync_dir(p.parent)
         except FileExistsError:
             raise IdentityError(f"key file {p} already exists") from None
         except OSError as exc:
             raise IdentityError(f"cannot write key file {p}: {exc.strerror or exc}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     @classmethod
     def load(cls, path: str | Path) -> Identity:
@@ -108,6 +142,8 @@ class Identity:
             raise IdentityError(
                 f"key file {p} is accessible by others (mode {mode & 0o777:o}); run: chmod 600 {p}"
             )
+        if not data.strip():
+            raise IdentityError(f"key file {p} is empty (delete it to create a new identity)")
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError) as exc:

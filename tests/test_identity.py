@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_garbage_key_file_is_a_clear_error(tmp_path: Path, content: bytes) -> No
     p = tmp_path / "k"
     p.write_bytes(content)
     p.chmod(0o600)
-    with pytest.raises(IdentityError, match="not a PEM private key"):
+    with pytest.raises(IdentityError, match=r"key file .*k (is empty|is not a PEM private key)"):
         Identity.load_or_create(p)
 
 
@@ -70,3 +71,43 @@ def test_wrong_key_type_and_io_errors(tmp_path: Path) -> None:
         Identity.generate().save(p)
     with pytest.raises(OverlayError):
         Identity.from_seed(b"short")
+
+
+def test_save_is_atomic_and_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "node.key"
+    real_write = os.write
+
+    def crash_mid_write(fd: int, data: bytes) -> int:
+        real_write(fd, data[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", crash_mid_write)
+    with pytest.raises(IdentityError, match="node.key"):
+        Identity.generate().save(p)
+    monkeypatch.undo()
+    assert not p.exists()  # no empty or half-written key under the real name
+    assert list(tmp_path.iterdir()) == []  # and no temporary file left behind
+    ident = Identity.load_or_create(p)  # so the next start creates a whole key
+    assert Identity.load(p) == ident
+    assert p.stat().st_mode & 0o777 == 0o600
+
+
+def test_second_save_never_overwrites_the_first(tmp_path: Path) -> None:
+    p = tmp_path / "node.key"
+    first, second = Identity.generate(), Identity.generate()
+    first.save(p)
+    with pytest.raises(IdentityError, match="already exists"):
+        second.save(p)
+    assert Identity.load(p) == first
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["node.key"]
+
+
+def test_empty_key_file_is_an_error_naming_it_not_a_new_identity(tmp_path: Path) -> None:
+    p = tmp_path / "empty.key"
+    p.touch(mode=0o600)
+    p.chmod(0o600)
+    with pytest.raises(IdentityError, match=r"empty\.key.*empty"):
+        Identity.load_or_create(p)
+    assert p.read_bytes() == b""  # left for the operator to look at

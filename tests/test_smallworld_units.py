@@ -348,16 +348,20 @@ def test_crashed_near_neighbours_are_detected_and_replaced() -> None:
     net.grow(30)
     net.run(30.0)
     victims = net.rng.sample(net.cores, 6)
+    gone = {v.handle for v in victims}
+    # each live node must notice the loss of every victim it was connected to as a near neighbour
+    near_victims = {id(c): len(gone & set(c.near_connections())) for c in net.cores}
+    lost0 = {id(c): c.stats["connections_lost"] for c in net.cores}
     for v in victims:
         net.dead.add(v.handle.address)
         v.stop()
     net.run(90.0)
     live = [c for c in net.cores if c.handle.address not in net.dead]
-    gone = {v.handle for v in victims}
+    assert sum(near_victims[id(c)] for c in live) > 0  # the crash did hit near connections
     for c in live:
         assert not gone & set(c.known_nodes())
         assert {h.id for h in c.near_connections()} == _true_near(live, c)
-        assert c.stats["connections_lost"] >= 0
+        assert c.stats["connections_lost"] - lost0[id(c)] >= near_victims[id(c)]
 
 
 # --------------------------------------------------------------------------- bad input
