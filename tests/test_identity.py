@@ -84,7 +84,7 @@ def test_save_is_atomic_and_leaves_no_partial_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "write", crash_mid_write)
-    with pytest.raises(IdentityError, match="node.key"):
+    with pytest.raises(IdentityError, match=r"node\.key"):
         Identity.generate().save(p)
     monkeypatch.undo()
     assert not p.exists()  # no empty or half-written key under the real name
