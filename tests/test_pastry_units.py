@@ -270,6 +270,31 @@ def test_pns_replaces_an_entry_only_for_a_lower_measured_rtt() -> None:
     assert core.table.get(0, 2) == b  # slower: ignored
 
 
+def test_announced_rtt_is_a_hint_never_a_sample() -> None:
+    """A TableAnnounce claiming 0 s must not win a slot held by a nearer measured node: the
+    claim only makes us probe, and our own measurement decides."""
+    rt = ManualRuntime(seed=1)
+    me = _h(0x10 << 152, 0)
+    core = PastryCore(rt, me)
+    near, liar = _h(0x20 << 152, 1), _h(0x21 << 152, 2)  # same slot (0, 2)
+    core.prox.sample(near, 0.040)
+    core.consider(near, probe=False)
+    rt.take_sent()
+    core.receive(liar, TableAnnounce(0.0))
+    assert core.prox.rtt(liar) is None  # the claim is not a sample
+    assert core.table.get(0, 2) == near
+    pings = [(d, m) for d, m in rt.take_sent() if isinstance(m, Ping)]
+    assert [d for d, _ in pings] == [liar]  # ... but it is worth measuring
+    rt.advance(0.300)  # the liar is in fact 300 ms away
+    core.receive(liar, Pong(pings[0][1].nonce, pings[0][1].sent_at))
+    assert core.prox.rtt(liar) == pytest.approx(0.300)
+    assert core.table.get(0, 2) == near  # our own measurement keeps the nearer node
+    # an announce that claims to be slower than the occupant costs no probe at all
+    far = _h(0x22 << 152, 3)
+    core.receive(far, TableAnnounce(0.5))
+    assert not [m for _, m in rt.take_sent() if isinstance(m, Ping)]
+
+
 # ---------------------------------------------------------------------- bad input
 @register(250)
 @attrs.frozen(slots=True)
@@ -290,6 +315,7 @@ class _Alien(Message):
         JoinReply(0, 5, ()),  # type: ignore[arg-type]
         LeafSetReply(0, ("x",)),  # type: ignore[arg-type]
         TableAnnounce("fast"),  # type: ignore[arg-type]
+        TableAnnounce(math.nan),
     ],
 )
 def test_malformed_messages_are_dropped_and_counted(msg: Message) -> None:

@@ -469,12 +469,24 @@ class Maintenance:
 
     def on_table_announce(self, src: NodeHandle, msg: TableAnnounce) -> None:
         rtt = msg.rtt_s
-        if not isinstance(rtt, float | int) or isinstance(rtt, bool):
-            raise ValueError("TableAnnounce.rtt_s must be a number")
+        if not isinstance(rtt, float | int) or isinstance(rtt, bool) or not math.isfinite(rtt):
+            raise ValueError("TableAnnounce.rtt_s must be a finite number")
         core = self.core
-        if 0.0 <= rtt < core.prox.config.max_rto_s:
-            core.prox.sample(src, float(rtt))  # RTT is symmetric: reuse the joiner's measure
-        core.learn_alive(src)
+        core.learn_alive(src)  # an empty slot takes it at once (no RTT needed)
+        # The announced RTT is the sender's own measurement: a hint of whether measuring is
+        # worth a probe, never a sample. Taken as a sample, one announce of 0.0 would win a
+        # routing-table slot for ever (a minimum RTT of 0 is never beaten). Only our own timed
+        # probes feed proximity neighbour selection (Castro et al. 2002, PNS).
+        slot = core.table.slot_of(src.id)
+        if slot is None or core.prox.rtt(src) is not None:
+            return
+        occupant = core.table.get(*slot)
+        if occupant is None or occupant == src:
+            return
+        known = core.prox.rtt(occupant)
+        if rtt >= 0.0 and (known is None or rtt < known):
+            core.stats["announce_probes"] += 1
+            core.consider(src, probe=True)
 
     # ------------------------------------------------------------------ partitions
     def _partition_check(self) -> None:
