@@ -75,6 +75,9 @@ class PastryConfig:
     #: members that a detector could not reach directly still hear of them (FreePastry
     #: ConsistentJoinProtocol sends its "failed set", ``maxFailedToSend = 20``).
     failed_spread_s: float = attrs.field(default=60.0, validator=_positive)
+    #: at most one probe per reported node per this interval: a failure report from another
+    #: node is a hint that makes us probe, never a verdict (MSPastry §3.2)
+    failure_report_probe_interval_s: float = attrs.field(default=10.0, validator=_positive)
 
     # ---- routing-table maintenance
     #: periodic routing-table row exchange (FreePastry ``pastry_routeSetMaintFreq = 900`` s;

@@ -79,11 +79,8 @@ class PastryCore(KbrCore):
         self.table = RoutingTable(self._oid, cfg.b_bits)
         self._verifying: set[NodeHandle] = set()
         self._learned: set[NodeHandle] = set()
-        self._relaying = False
-        #: when a relayed failure report says the node was found dead (see maintenance)
-        self.report_time = 0.0
-        #: nodes we hold DEAD only on others' word: gossip naming them is verified, not ignored
-        self.dead_by_report: set[NodeHandle] = set()
+        #: when we last probed a node because someone reported it failed (rate limit)
+        self._report_probed: dict[NodeHandle, float] = {}
         self.joiner = JoinProtocol(self)
         self.maint = Maintenance(self)
         self.register(JOIN_APP, self.joiner.app)
@@ -279,7 +276,7 @@ class PastryCore(KbrCore):
                 continue
             if not leaf.fits(c.id):
                 continue
-            if skip_dead and prox.is_dead(c) and c not in self.dead_by_report:
+            if skip_dead and prox.is_dead(c):
                 continue
             p = prox.peers.get(c)
             if p is not None and p.state is Liveness.ALIVE and now - p.last_heard < lease:
@@ -293,7 +290,6 @@ class PastryCore(KbrCore):
     def _verified_cb(self, c: NodeHandle) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:
             self._verifying.discard(c)
-            self.dead_by_report.discard(c)  # our own verdict now, either way
             if rtt is None or self.stopped:
                 return
             if c not in self.leaf.members and self.leaf.fits(c.id) and self.add_leaf(c):
@@ -361,7 +357,7 @@ class PastryCore(KbrCore):
         if self.leaf.remove(h):
             self._leaf_changed(before, self.leaf.members)
         slot = self.table.remove(h)
-        self.maint.on_dead(h, was_leaf, slot, relayed=self._relaying)
+        self.maint.on_dead(h, was_leaf, slot)
         self.joiner.on_dead(h)
 
     def _on_peer_alive(self, h: NodeHandle) -> None:
@@ -370,17 +366,28 @@ class PastryCore(KbrCore):
             self.learn_alive(h)
 
     def accept_failure_report(self, h: NodeHandle, found_at: float) -> None:
-        """Another leaf-set member found ``h`` dead at ``found_at``: drop it, do not re-spread
-        (its age rides on our heartbeats until ``failed_spread_s`` after ``found_at``)."""
+        """Another node says ``h`` failed at ``found_at``: a hint, never a verdict.
+
+        MSPastry §3.2 (suspicion, probe, removal): the report only makes us probe ``h`` with
+        our own RTO back-off; only our own probe removes it (and then we spread our own
+        verdict). One probe per named node per ``failure_report_probe_interval_s``, so a
+        stream of forged reports costs a bounded trickle of pings and evicts nobody.
+        """
         if h not in self.leaf.members and h not in self.table.members:
+            self.stats["failure_reports_ignored"] += 1
             return
-        self._relaying = True
-        self.report_time = found_at
-        try:
-            self.prox.declare_dead(h)
-            self.dead_by_report.add(h)
-        finally:
-            self._relaying = False
+        now = self.runtime.now()
+        last = self._report_probed.get(h)
+        if last is not None and now - last < self.config.failure_report_probe_interval_s:
+            self.stats["failure_reports_rate_limited"] += 1
+            return
+        if len(self._report_probed) >= 4 * (2 * self.config.half_leaf + 1):
+            limit = self.config.failure_report_probe_interval_s
+            for k in [k for k, t in self._report_probed.items() if now - t >= limit]:
+                del self._report_probed[k]
+        self._report_probed[h] = now
+        self.stats["failure_report_probes"] += 1
+        self.prox.probe(h)
 
     # ------------------------------------------------------------------ leaf-set requests
     def _on_leafset_request(self, src: NodeHandle, msg: LeafSetRequest) -> None:

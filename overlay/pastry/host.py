@@ -52,8 +52,6 @@ class PastryHost(Protocol):
     prox: Proximity
     leaf: LeafSet
     table: RoutingTable
-    report_time: float
-    dead_by_report: set[NodeHandle]
 
     @property
     def joiner(self) -> JoinerView: ...
@@ -74,7 +72,7 @@ class PastryHost(Protocol):
         """Offer ``h`` to the routing table (proximity neighbour selection)."""
 
     def accept_failure_report(self, h: NodeHandle, found_at: float) -> None:
-        """A peer reported ``h`` failed: act on it per the core's rules."""
+        """A peer reported ``h`` failed: probe it ourselves (rate-limited)."""
 
     def route(
         self, key: NodeId | None, app: str, payload: Any, hint: NodeHandle | None = None

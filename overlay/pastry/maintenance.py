@@ -12,8 +12,10 @@ leaves periodically.
   back-off, ``overlay.proximity``); if that probe's first ping goes unanswered, the failure may be
   correlated, so every leaf-set member we have not heard from lately is probed too.
 * **Failure spreading.** A member that our own probes declare DEAD is removed and
-  :class:`LeafFailed` goes to the rest of the leaf set, which drops it at once (its immediate
-  neighbours hold leases on it, so a false report heals as soon as it speaks again).
+  :class:`LeafFailed` goes to the rest of the leaf set. A report is a hint, never a verdict
+  (MSPastry §3.2): a receiver probes the named node itself (at most once per
+  ``failure_report_probe_interval_s``) and removes it only if its own probe fails, so no
+  single datagram — forged, stale or from a non-member — evicts a live neighbour.
 * **Gossip and consistency.** Heartbeat leaf sets are merged: a candidate that belongs in our
   leaf set is probed and inserted on the pong ("probe new members on insertion"), then told
   about us. A member that should appear in the sender's leaf set but does not is probed.
@@ -276,31 +278,29 @@ class Maintenance:
         h: NodeHandle,
         was_leaf: bool,
         slot: tuple[int, int] | None,
-        relayed: bool,
     ) -> None:
         core = self.core
         now = core.runtime.now()
         self.heard.pop(h, None)
         self._lease_probing.discard(h)
         self.gone.pop(h, None)
-        self.gone[h] = core.report_time if relayed else now
+        self.gone[h] = now
         while len(self.gone) > self.cfg.gone_history_size:
             del self.gone[next(iter(self.gone))]
         if slot is not None:
             self.repair_slot(*slot)
         if not was_leaf:
             return
-        if not relayed:
-            msg = LeafFailed(h, 0.0)
-            for m in core.leaf.nodes():
-                core.runtime.send(m, msg)
-            core.stats["leaf_failed_sent"] += len(core.leaf)
-            self._verify_leaves(now)
+        # our own probes found it dead: tell the leaf set, whose members probe it themselves
+        msg = LeafFailed(h, 0.0)
+        for m in core.leaf.nodes():
+            core.runtime.send(m, msg)
+        core.stats["leaf_failed_sent"] += len(core.leaf)
+        self._verify_leaves(now)
         self._maybe_repair(now)
 
     def on_alive(self, h: NodeHandle) -> None:
         self.gone.pop(h, None)
-        self.core.dead_by_report.discard(h)
 
     def on_leaf_failed(self, src: NodeHandle, msg: LeafFailed) -> None:
         ((dead, ago),) = _check_failed(((msg.dead, msg.ago_s),))
@@ -501,7 +501,6 @@ class Maintenance:
         members = core.leaf.members
         for h in [h for h in self._hb_seen if h not in members]:
             del self._hb_seen[h]
-        core.dead_by_report.intersection_update(core.prox.bad)
         for h in [h for h, t in self.gone.items() if now - t > cfg.gone_history_age_s]:
             del self.gone[h]
         if not core.ready:

@@ -1,0 +1,73 @@
+"""Hostile input to Pastry: failure reports are hints, never verdicts (MSPastry §3.2).
+
+A stream of forged ``LeafFailed`` reports, or heartbeats that list a live neighbour as failed,
+must not evict it anywhere: each receiver probes the named node itself (rate-limited) and keeps
+it while it answers. A real crash is still detected, through the receivers' own probes.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sim_oracles import lookups
+
+from overlay import NodeId
+from overlay.ids import ring_distance
+from overlay.pastry.messages import Heartbeat, LeafFailed
+from sim_adapter import Network
+from sim_adapter.simnode import SimNode
+
+
+def _keys_owned_by(net: Network, victim: SimNode, rng: random.Random, n: int) -> list[NodeId]:
+    keys: list[NodeId] = []
+    while len(keys) < n:
+        k = NodeId((int(victim.id) + rng.randrange(-(1 << 140), 1 << 140)) % (1 << 160))
+        if net.closest_live(k) == victim.id:
+            keys.append(k)
+    return keys
+
+
+def _setup(seed: int) -> tuple[Network, list[SimNode], SimNode, SimNode, SimNode]:
+    net = Network(seed=seed)
+    nodes = net.spawn(80, overlay="pastry", build="oracle")
+    net.run(5.0)
+    victim = nodes[7]
+    target = min(
+        (x for x in nodes if x is not victim),
+        key=lambda x: ring_distance(int(x.id), int(victim.id)),
+    )  # an immediate neighbour: its leaf set holds the victim
+    attacker = max(nodes, key=lambda x: ring_distance(int(x.id), int(victim.id)))  # non-member
+    assert victim.handle in target.core.leaf.members  # type: ignore[attr-defined]
+    assert attacker.handle not in target.core.leaf.members  # type: ignore[attr-defined]
+    return net, nodes, victim, target, attacker
+
+
+def test_forged_failure_reports_evict_nobody() -> None:
+    net, nodes, victim, target, attacker = _setup(seed=5)
+    rng = random.Random(1)
+    keys = _keys_owned_by(net, victim, rng, 20)
+    for _ in range(120):  # one forged report a second, for two minutes, to every leaf member
+        for m in target.core.leaf.nodes():  # type: ignore[attr-defined]
+            peer = net.node_by_id(int(m.id))
+            if peer is not victim:
+                peer.core.receive(attacker.handle, LeafFailed(victim.handle, 0.0))
+        target.core.receive(attacker.handle, Heartbeat((), ((victim.handle, 0.0),)))
+        net.run(1.0)
+    for x in nodes:
+        assert not x.core.prox.is_dead(victim.handle), x
+    assert victim.handle in target.core.leaf.members  # type: ignore[attr-defined]
+    res = net.lookup_many([(rng.choice(nodes), k) for k in keys])
+    assert all(r.result == victim.id for r in res)
+    assert target.core.stats["failure_reports_rate_limited"] > 100
+    assert target.core.stats["failure_report_probes"] <= 120 // 10 + 1
+
+
+def test_a_real_crash_is_still_detected_and_repaired() -> None:
+    net, nodes, victim, _, _ = _setup(seed=6)
+    net.crash(victim)
+    net.run(90.0)
+    live = [x for x in nodes if x.alive]
+    for x in live:
+        assert victim.handle not in x.core.leaf.members  # type: ignore[attr-defined]
+    ok, _ = lookups(net, live, 200, seed=2)
+    assert ok == 1.0
