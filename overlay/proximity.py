@@ -130,6 +130,8 @@ class Proximity:
         self._probes: dict[NodeHandle, _Probe] = {}
         self._by_nonce: dict[int, _Probe] = {}
         self.probes_sent = 0
+        #: pongs whose nonce was outstanding but came from another id (dropped)
+        self.foreign_pongs = 0
 
     def _bad_add(self, h: NodeHandle) -> None:
         bad = self.bad
@@ -318,12 +320,18 @@ class Proximity:
         self.runtime.send(src, Pong(msg.nonce, msg.sent_at))
 
     def on_pong(self, src: NodeHandle, msg: Pong) -> None:
-        pr = self._by_nonce.pop(msg.nonce, None)
-        if pr is None or pr.handle != src:
-            return  # late or foreign pong
+        """A pong answers our probe only if its nonce is outstanding *and* it comes from the id
+        we probed (live: the id proven by the sender's key). Anything else is counted in
+        ``foreign_pongs`` and leaves the probe pending, so its timeout still runs."""
+        pr = self._by_nonce.get(msg.nonce)
+        if pr is None or pr.handle.id != src.id:
+            if pr is not None:
+                self.foreign_pongs += 1
+            return  # late, or not from whom we asked
+        del self._by_nonce[msg.nonce]
         pr.timer.cancel()
         del self._probes[pr.handle]
         rtt = self.runtime.now() - pr.sent_at
-        self.sample(src, rtt)
+        self.sample(pr.handle, rtt)
         for cb in pr.callbacks:
             cb(rtt)

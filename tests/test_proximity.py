@@ -74,3 +74,29 @@ def test_foreign_pong_ignored_and_config_validated() -> None:
     assert p.state(PEER) is Liveness.UNKNOWN
     with pytest.raises(ConfigError):
         ProximityConfig(min_rto_s=0)
+
+
+def test_a_pong_from_someone_else_leaves_the_probe_pending() -> None:
+    """A pong with the right nonce from another id is dropped and counted; the probe keeps its
+    timeout, so a dead peer is still declared dead and the real pong still counts."""
+    rt, p, dead = make()
+    other = NodeHandle(NodeId(3), "on-path")
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    ((_, ping),) = rt.take_sent()
+    assert isinstance(ping, Ping)
+    rt.advance(0.01)
+    p.on_pong(other, Pong(ping.nonce, ping.sent_at))
+    assert got == [] and p.foreign_pongs == 1 and p.rtt(other) is None
+    rt.advance(0.04)
+    p.on_pong(NodeHandle(PEER.id, "peer-behind-nat"), Pong(ping.nonce, ping.sent_at))
+    assert got == [pytest.approx(0.05)]  # same id, other address: it is the peer answering
+    assert p.rtt(PEER) == pytest.approx(0.05)
+    # a peer that never answers, while someone else echoes every nonce, is still found dead
+    p.probe(PEER, got.append)
+    for _ in range(30):
+        for _, m in rt.take_sent():
+            if isinstance(m, Ping):
+                p.on_pong(other, Pong(m.nonce, m.sent_at))
+        rt.advance(1.0)
+    assert dead == [PEER] and got[-1] is None
