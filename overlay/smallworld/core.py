@@ -129,7 +129,9 @@ class SmallWorldCore(KbrCore):
         self.shortcut_deadline = 0.0
         self.started_at = runtime.now()
         self.next_stabilize = 0.0
-        self._token = 0
+        #: tokens of our own shortcut requests still awaiting a reply (created on first use:
+        #: a 10^6-node ring pays nothing for it until maintenance runs)
+        self.shortcut_tokens: set[int] | None = None
         if not type(self).__dict__.get("_sw_handlers_installed", False):
             self._install_handlers()
 
@@ -201,8 +203,9 @@ class SmallWorldCore(KbrCore):
         return desired_shortcuts(self.table.n_hat, self.config)
 
     def next_token(self) -> int:
-        self._token = (self._token + 1) & 0x7FFFFFFF
-        return self._token
+        """A fresh random token for a request (replies must echo it: an off-path sender cannot
+        guess it, unlike a counter)."""
+        return self.runtime.rng.getrandbits(31) | 1
 
     # ------------------------------------------------------------------ KBR API
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
@@ -373,6 +376,10 @@ class SmallWorldCore(KbrCore):
         """Route a ConnectRequest for ``origin`` (default: us) to the node closest to target."""
         self.ensure_link_app()
         o = origin if origin is not None else self.handle
+        if origin is None and kind == SHORTCUT:
+            if self.shortcut_tokens is None:
+                self.shortcut_tokens = set()
+            self.shortcut_tokens.add(token)
         key = NodeId(target)
         self.stats["connect_requests"] += 1
         self.route(key, LINK_APP, ConnectRequest(o, key, kind, token), hint)
@@ -394,10 +401,8 @@ class SmallWorldCore(KbrCore):
                 self.shortcut_pending = max(0, self.shortcut_pending - 1)
             return
         if p.kind == SHORTCUT:
-            before = self._near_snapshot()
-            self.table.add_in(origin)
-            self.trim_near()
-            self._near_changed(before)
+            # The origin in a routed request is unauthenticated: it becomes an in-connection
+            # only once it links to us directly (its Link, signed by its own key on live nodes).
             nodes: tuple[NodeHandle, ...] = ()
         else:
             k = 2 * self.config.near_per_side + 2
@@ -412,37 +417,46 @@ class SmallWorldCore(KbrCore):
         return nodes
 
     def _on_connect_reply(self, src: NodeHandle, m: ConnectReply) -> None:
-        r = check_handle(m.responder)
+        responder = check_handle(m.responder)
         nodes = self._check_reply_nodes(m.nodes)
         token = check_int(m.token)
-        if m.kind == SHORTCUT:
-            self._on_shortcut_reply(r)
-        elif m.kind == JOIN:
-            _join.on_reply(self, r, nodes, token)
-        elif m.kind == NEAR:
-            self.stats["near_repairs_routed"] += 1
-            self.consider_near((r, *nodes))
-        else:
+        if m.kind not in KINDS:
             raise MalformedInput(f"unknown connect kind {m.kind!r}")
+        # A reply binds to its sender (the id its key proves on live nodes, at the address we
+        # observed) and to a request of ours still pending; anything else is dropped and
+        # counted and changes nothing (one forged reply must not replace our neighbours).
+        if responder.id != src.id:
+            self.stats["connect_reply_forged"] += 1
+            return
+        if m.kind == SHORTCUT:
+            pending = self.shortcut_tokens
+            if pending is None or token not in pending:
+                self.stats["connect_reply_unsolicited"] += 1
+                return
+            pending.discard(token)
+            self._on_shortcut_reply(src, token)
+        elif m.kind == JOIN:
+            _join.on_reply(self, src, nodes, token)
+        else:  # we never route NEAR connect requests: such a reply answers nothing of ours
+            self.stats["connect_reply_unsolicited"] += 1
 
-    def _on_shortcut_reply(self, r: NodeHandle) -> None:
+    def _on_shortcut_reply(self, r: NodeHandle, token: int) -> None:
         self.shortcut_pending = max(0, self.shortcut_pending - 1)
         t = self.table
         if r.id == self.id or r in t.out:
             return
         if r in t and t.is_near(r):
             # Landed inside our near window: not a shortcut (Brunet does not count it).
-            self.runtime.send(r, Unlink(SHORTCUT))
             self.stats["shortcut_attempt_wasted"] += 1
             return
         if r not in t and t.fits_near(r.id):
-            # A near neighbour we did not know: keep it as near, decline the shortcut role.
+            # A near neighbour we did not know: keep it as near, not as a shortcut.
             self.link(r, NEAR)
-            self.runtime.send(r, Unlink(SHORTCUT))
             self.stats["shortcut_attempt_wasted"] += 1
             return
         before = self._near_snapshot()
         t.add_out(r)
+        self.runtime.send(r, Link(SHORTCUT, token))  # r records us as its in-connection
         self.stats["shortcuts_made"] += 1
         self._near_changed(before)
 
@@ -464,6 +478,14 @@ class SmallWorldCore(KbrCore):
         if src.id == self.id:
             raise MalformedInput("link from our own id")
         t = self.table
+        if m.kind == SHORTCUT:
+            if src not in t.inc:
+                before = self._near_snapshot()
+                t.add_in(src)
+                self.stats["links_accepted"] += 1
+                self.trim_near()
+                self._near_changed(before)
+            return  # a shortcut link needs no ack: the origin already counts it
         if src not in t:
             before = self._near_snapshot()
             t.add(src)

@@ -96,7 +96,11 @@ def on_reply(
     """The routed JOIN request reached the node closest to our id."""
     st = core.join_state
     if st is None or st.linking or token != st.token:
-        core.consider_near((responder, *nodes))  # late or duplicate: still useful news
+        # Late, duplicate or forged: it answers no join of ours. Its node list is hearsay and
+        # is ignored; the responder itself is the (authenticated) sender, a live node that may
+        # still be one of our near neighbours.
+        core.stats["connect_reply_unsolicited"] += 1
+        core.consider_near((responder,))
         return
     if st.timer is not None:
         st.timer.cancel()

@@ -66,6 +66,7 @@ def check_shortcuts(core: SmallWorldHost) -> None:
     now = core.runtime.now()
     if core.shortcut_pending and now >= core.shortcut_deadline:
         core.shortcut_pending = 0
+        core.shortcut_tokens = None  # late replies to expired requests are unsolicited
     need = want - len(eff) - core.shortcut_pending
     if need > 0:
         core.shortcut_deadline = now + cfg.connect_timeout_s

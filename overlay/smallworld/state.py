@@ -65,6 +65,8 @@ class SmallWorldHost(Protocol):
     #: shortcut connection requests in flight, and when the current batch times out
     shortcut_pending: int
     shortcut_deadline: float
+    #: tokens of our own shortcut requests awaiting a reply (None: none yet)
+    shortcut_tokens: set[int] | None
     #: when the node (re)started, and when the next stabilization round is due
     started_at: float
     next_stabilize: float
