@@ -48,6 +48,12 @@ class MulticastConfig:
     #: allowance for one tree level: query down + answer up + processing. PonD's WAN model has
     #: one-way edges of 200–600 ms, so an RTT up to 1.2 s; 2 s leaves room for a retransmission.
     level_s: float = attrs.field(default=2.0, validator=positive)
+    #: local caps on what a query from the wire may ask of this node: its answer budget and its
+    #: per-level allowance are clamped to these (a NaN, negative or huge value would arm no
+    #: timer and pin the session open for ever). 3600 s covers a 10^6-node ring at the
+    #: default level_s with room to spare (depth ~2·log2 N levels).
+    max_budget_s: float = attrs.field(default=3600.0, validator=positive)
+    max_level_s: float = attrs.field(default=60.0, validator=positive)
     #: expected depth of a partition tree over s nodes is depth_factor · log2(s + 1) levels
     #: (the issue's bound: depth ≤ 2·log2 N).
     depth_factor: float = attrs.field(default=2.0, validator=positive)

@@ -242,7 +242,7 @@ class Multicast(TreeProtocol):
         elif t is McAck:
             self._on_ack(src, payload)
         elif t is McReplyAck:
-            self._on_reply_ack(payload)
+            self._on_reply_ack(src, payload)
         else:
             self.core.stats["multicast_dropped"] += 1
 
@@ -350,14 +350,25 @@ class Multicast(TreeProtocol):
                     recent[key] = (value, (), 1)
                     send(src, McReply(q.token, q.slot, value, (), 0, 1, False, 0))
                     return
+        # numbers from the wire are clamped to local caps (a NaN compares false everywhere:
+        # it would arm no timer and keep the session open for ever)
+        cfg = self.config
+        budget = q.budget_s
+        if not 0.0 <= budget <= cfg.max_budget_s:
+            core.stats["multicast_clamped"] += 1
+            budget = cfg.max_budget_s if budget > cfg.max_budget_s else 0.0
+        level = q.level_s
+        if not 0.0 < level <= cfg.max_level_s:
+            core.stats["multicast_clamped"] += 1
+            level = cfg.max_level_s if level > cfg.max_level_s else cfg.level_s
         s = self._new_session(q.qid, q.agg, a, q.arg)
         # ring-size estimates from 4 neighbours are noisy (a few times either way); the larger
         # of ours and the one handed down errs towards longer budgets, never cut subtrees
         n_est = self.estimate_size()
-        s.direction, s.level_s, s.n_est = d, q.level_s, n_est if n_est > q.n_est else q.n_est
+        s.direction, s.level_s, s.n_est = d, level, n_est if n_est > q.n_est else q.n_est
         s.parent, s.p_token, s.p_slot = src, q.token, q.slot
         s.t0 = now = core.runtime.now()
-        s.answer_by = now + q.budget_s
+        s.answer_by = now + budget
         if inside:
             s.acc, s.nodes = value, 1
         if value is not None and a.done(q.arg, value):
@@ -405,7 +416,7 @@ def _recv_reply(core: KbrCore, src: NodeHandle, msg: McReply) -> None:
 def _recv_reply_ack(core: KbrCore, src: NodeHandle, msg: McReplyAck) -> None:
     a = _app(core)
     if a is not None:
-        a._on_reply_ack(msg)
+        a._on_reply_ack(src, msg)
 
 
 _HANDLERS: tuple[tuple[type[Message], Callable[[KbrCore, NodeHandle, Any], None]], ...] = (

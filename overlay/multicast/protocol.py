@@ -63,7 +63,6 @@ class TreeProtocol(BaseApplication):
         "_estimate",
         "_recent",
         "_sessions",
-        "_token",
         "config",
         "core",
         "listeners",
@@ -79,17 +78,21 @@ class TreeProtocol(BaseApplication):
         #: (parent id, token, slot) of recent queries -> None (internal node: re-ack a
         #: duplicate) or a leaf's answer (value, missing, nodes), re-sent on a duplicate
         self._recent: dict[tuple[int, int, int], Cached | None] | None = None
-        self._token = 0
         self._estimate: tuple[float, int] | None = None
         #: dissemination listeners: ``fn(payload)`` for every :meth:`broadcast` reaching us.
         self.listeners: list[Callable[[Any], None]] | tuple[()] = ()
 
     def _new_session(self, qid: int, name: str, a: Aggregator, arg: Any) -> Session:
-        self._token += 1
-        s = Session(self._token, qid, name, a, arg)
+        # Random tokens: a reply or reply-ack must echo one, so an off-path sender cannot
+        # guess a live session (a counter would be trivially guessed).
         if self._sessions is NO_SESSIONS:
             self._sessions = {}
-        self._sessions[s.token] = s
+        rng = self.core.runtime.rng
+        token = rng.getrandbits(62) | 1
+        while token in self._sessions:
+            token = rng.getrandbits(62) | 1
+        s = Session(token, qid, name, a, arg)
+        self._sessions[token] = s
         return s
 
     def _dispatch(
@@ -129,6 +132,11 @@ class TreeProtocol(BaseApplication):
         if nh is not None and nh.id == avoid:
             nh = core.next_hop(b, {nh})
         if nh is None or nh == core.handle:
+            if avoid is not None:
+                # Repairing around a dead node: what we knew of this region came through it,
+                # so "nobody closer knows of it" proves nothing. Report it rather than declare
+                # it empty (never silent loss).
+                s.missing.append((NodeId(lo), NodeId(hi)))
             return  # nobody closer to the region knows of it: it holds no node
         self._send_child(s, nh, b, e, avoid, ttl - 1)
 
@@ -354,9 +362,12 @@ class TreeProtocol(BaseApplication):
         self.core.runtime.send(s.parent, s.reply)
         self._arm_reply(s, attempt + 1)
 
-    def _on_reply_ack(self, m: McReplyAck) -> None:
+    def _on_reply_ack(self, src: NodeHandle, m: McReplyAck) -> None:
         s = self._sessions.get(m.token)
         if s is None or s.reply is None:
+            return
+        if s.parent is None or s.parent.id != src.id:  # only our parent may acknowledge
+            self.core.stats["multicast_foreign_reply_ack"] += 1
             return
         if s.timer is not None:
             s.timer.cancel()
