@@ -11,7 +11,8 @@ import trio
 
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
-from overlay.live.control import ControlClient, StatusRequest
+from overlay.ids import NodeId
+from overlay.live.control import ControlClient, LookupReply, StatusRequest
 from overlay.live.node import Node
 from overlay.messages import Message, register
 from transports import open_udp
@@ -65,3 +66,26 @@ async def test_handler_answers_now_and_later_and_failures_are_counted() -> None:
             st = await client.status(node.address)
             assert st.handle == node.handle
         await trio.sleep(0)
+
+
+async def test_lookup_reply_only_from_the_node_it_names() -> None:
+    """A LookupReply that names another node than its signer is dropped and counted: an echo of
+    the nonce must not redirect a lookup."""
+    async with (
+        open_udp("udp://127.0.0.1:0") as ta,
+        open_udp("udp://127.0.0.1:0") as tb,
+        Node(ta, "pastry", seed=1) as a,
+        Node(tb, "pastry", seed=2) as b,
+    ):
+        await a.join([])
+        await b.join([a.address])
+        got: list[Message] = []
+        a._ctl_waiters[4242] = got.append  # a lookup of ours waiting for nonce 4242
+        fake = NodeHandle(NodeId(12345), "udp://127.0.0.1:9")
+        b.send_message(a.address, LookupReply(4242, NodeId(1), fake, b.handle), a.id)
+        b.send_message(a.address, LookupReply(4242, NodeId(1), b.handle, b.handle), a.id)
+        with trio.fail_after(5):
+            while not got:
+                await trio.sleep(0.01)
+        assert a.stats["node.lookup_reply_forged"] == 1
+        assert isinstance(got[0], LookupReply) and got[0].responsible == b.handle

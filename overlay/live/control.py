@@ -114,6 +114,16 @@ async def await_reply(
     return None
 
 
+def _from_subject(msg: Message | None, sender_hash: bytes) -> bool:
+    """A status reply must be signed by the node it describes, a lookup reply by the node it
+    names responsible; other replies carry no such claim."""
+    if isinstance(msg, StatusReply):
+        return msg.handle.id.to_bytes_be() == sender_hash
+    if isinstance(msg, LookupReply):
+        return msg.responsible.id.to_bytes_be() == sender_hash
+    return True
+
+
 class ControlClient:
     """Talks the read-only control protocol to running nodes without joining (the CLI uses it).
 
@@ -134,6 +144,8 @@ class ControlClient:
         self._wire = Wire()
         self._waiters: dict[int, Callable[[Message], None]] = {}
         self._rng = random.Random()
+        #: replies that named another node than the one whose key signed them (dropped)
+        self.forged_replies = 0
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
 
@@ -164,6 +176,9 @@ class ControlClient:
             if opened is None:
                 continue
             msg = self._wire.decode(opened.body)
+            if not _from_subject(msg, opened.sender_hash):
+                self.forged_replies += 1
+                continue
             nonce = getattr(msg, "nonce", None)
             if msg is not None and isinstance(nonce, int):
                 w = self._waiters.pop(nonce, None)

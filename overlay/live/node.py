@@ -410,7 +410,16 @@ class Node:
         if t is StatusRequest or t is LookupRequest:
             self._on_control(src, msg)
             return
-        if t is StatusReply or t is LookupReply:
+        if t is LookupReply:
+            assert isinstance(msg, LookupReply)
+            if msg.responsible.id != src.id:
+                # only the responsible node itself may answer (its key proves its id): an echo
+                # of the nonce from anyone else would redirect the lookup
+                self._counters["lookup_reply_forged"] += 1
+                return
+            self.deliver_reply(msg)
+            return
+        if t is StatusReply:
             self.deliver_reply(msg)
             return
         handler = self._control_handlers.get(t) if self._control_handlers else None
