@@ -71,3 +71,24 @@ def test_a_real_crash_is_still_detected_and_repaired() -> None:
         assert victim.handle not in x.core.leaf.members  # type: ignore[attr-defined]
     ok, _ = lookups(net, live, 200, seed=2)
     assert ok == 1.0
+
+
+def test_a_join_completes_when_the_reply_names_a_node_we_hold_dead() -> None:
+    """The joiner's reply lists a member our probes already found dead (the responder has not
+    noticed yet). Asking it times out; the timed-out ask must remove it, or the consistent join
+    waits for it until the dead verdict expires (300 s)."""
+    net = Network(seed=8)
+    nodes = net.spawn(60, overlay="pastry", build="oracle")
+    net.run(5.0)
+    dead = nodes[9]
+    net.crash(dead)
+    joiner = net._new_node("pastry", None, NodeId((int(dead.id) + 1) % (1 << 160)))
+    joiner.core.prox.declare_dead(dead.handle)  # a verdict of ours from earlier
+    t0 = net.now
+    net._join_one(joiner, 300.0)
+    assert joiner.core.ready
+    took = joiner.core.joiner.ready_at - t0  # type: ignore[attr-defined]
+    # the route to our id first meets the dead node's neighbours, which still forward to it and
+    # reroute (tens of seconds here); what must not happen is waiting out the 300 s verdict
+    assert took < 60.0, took
+    assert dead.handle not in joiner.core.leaf.members  # type: ignore[attr-defined]

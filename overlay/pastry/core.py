@@ -360,6 +360,14 @@ class PastryCore(KbrCore):
         self.maint.on_dead(h, was_leaf, slot)
         self.joiner.on_dead(h)
 
+    def drop_dead(self, h: NodeHandle) -> None:
+        """Remove ``h`` from our state as dead: through the proximity verdict if it is news,
+        directly if the verdict was already given (``declare_dead`` tells us only once)."""
+        if self.prox.is_dead(h):
+            self._on_peer_dead(h)
+        else:
+            self.prox.declare_dead(h)
+
     def _on_peer_alive(self, h: NodeHandle) -> None:
         self.maint.on_alive(h)
         if not self.stopped:

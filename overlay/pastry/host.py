@@ -71,6 +71,9 @@ class PastryHost(Protocol):
     def consider(self, h: NodeHandle, probe: bool) -> bool:
         """Offer ``h`` to the routing table (proximity neighbour selection)."""
 
+    def drop_dead(self, h: NodeHandle) -> None:
+        """Remove ``h`` as dead (even if it was already marked dead)."""
+
     def accept_failure_report(self, h: NodeHandle, found_at: float) -> None:
         """A peer reported ``h`` failed: probe it ourselves (rate-limited)."""
 

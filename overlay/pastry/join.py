@@ -358,6 +358,8 @@ class JoinProtocol:
             for h in cands:  # measured by the consistent-join exchange: no PNS probe
                 core.consider(h, probe=False)
             for h in cands:
+                # a candidate we hold dead may be alive again (a false verdict under loss):
+                # the consistent-join ask settles it, and a timed-out ask removes it for good
                 core.add_leaf(h)
             self.on_leaf_changed()
             return
@@ -387,7 +389,9 @@ class JoinProtocol:
             self._send_ask(m, ask)
             return
         del self._asked[m]
-        self.core.prox.declare_dead(m)  # → core._on_peer_dead → on_dead / on_leaf_changed
+        # → core._on_peer_dead → on_dead / on_leaf_changed; a peer already marked dead is
+        # removed too (declare_dead alone would do nothing and the join would wait for it)
+        self.core.drop_dead(m)
 
     def on_leafset_reply(self, src: NodeHandle, nonce: int, leaves: tuple[NodeHandle, ...]) -> bool:
         """A member answered our consistent-join request; False if this is not ours."""
