@@ -74,6 +74,15 @@ class DirectMsg(Message):
     origin: NodeHandle
 
 
+@register(4)
+@attrs.frozen(slots=True)
+class Leave(Message):
+    """The sender leaves the overlay for good: drop it now and repair, with no lease wait.
+
+    Only ever about its sender (whose key proves who it is on live nodes), so nobody can use it
+    to evict a third node."""
+
+
 # ---------------------------------------------------------------------- applications
 class Application(Protocol):
     """Upcalls an application receives from the core it is registered on."""
@@ -227,6 +236,29 @@ class KbrCore(abc.ABC):
             if hop.timer is not None:
                 hop.timer.cancel()
         self._pending.clear()
+
+    def leave(self) -> None:
+        """Leave gracefully: tell every node we know (they hold us as a neighbour or in their
+        tables) so they repair at once, then stop. A node that was never ready just stops."""
+        if self.stopped:
+            return
+        if self.ready:
+            targets = self.known_nodes()
+            msg = Leave()
+            for h in targets:
+                self.runtime.send(h, msg)
+            self.stats["leave_notices_sent"] += len(targets)
+        self.stop()
+
+    def peer_left(self, h: NodeHandle) -> None:
+        """``h`` told us it is leaving: hold it dead (overlays repair in their dead hook)."""
+        self.prox.declare_dead(h)
+
+    def _on_leave(self, src: NodeHandle, msg: Leave) -> None:
+        if src.id == self.id:
+            return
+        self.stats["leaves_heard"] += 1
+        self.peer_left(src)
 
     @abc.abstractmethod
     def start(self) -> None:
@@ -468,4 +500,5 @@ KbrCore._class_handlers = {
     DirectMsg: KbrCore._on_direct,
     Ping: KbrCore._on_ping,
     Pong: KbrCore._on_pong,
+    Leave: KbrCore._on_leave,
 }

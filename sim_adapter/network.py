@@ -407,6 +407,15 @@ class Network:
             if i < len(self._live_ids) and self._live_ids[i] == int(node.id):
                 del self._live_ids[i]
 
+    def leave(self, nodes: SimNode | Iterable[SimNode]) -> None:
+        """Graceful departure: each node tells the nodes it knows (``KbrCore.leave``), which
+        repair at once, and stops."""
+        batch = [nodes] if isinstance(nodes, SimNode) else list(nodes)
+        for node in batch:
+            if node.alive:
+                node.core.leave()
+        self.crash(batch)
+
     # ------------------------------------------------------------------ partitions
     def partition(self, groups: Sequence[Iterable[SimNode]]) -> None:
         """Cut the network: messages between different groups are dropped until ``heal()``.

@@ -79,6 +79,9 @@ class PastryCore(KbrCore):
         self.table = RoutingTable(self._oid, cfg.b_bits)
         self._verifying: set[NodeHandle] = set()
         self._learned: set[NodeHandle] = set()
+        #: the node whose leave notice is being handled (its departure is not spread as a
+        #: failure: every member it knew was told by the node itself)
+        self._leaving: NodeHandle | None = None
         #: when we last probed a node because someone reported it failed (rate limit)
         self._report_probed: dict[NodeHandle, float] = {}
         self.joiner = JoinProtocol(self)
@@ -357,8 +360,16 @@ class PastryCore(KbrCore):
         if self.leaf.remove(h):
             self._leaf_changed(before, self.leaf.members)
         slot = self.table.remove(h)
-        self.maint.on_dead(h, was_leaf, slot)
+        self.maint.on_dead(h, was_leaf, slot, spread=h != self._leaving)
         self.joiner.on_dead(h)
+
+    def peer_left(self, h: NodeHandle) -> None:
+        """``h`` left gracefully: remove and repair now, without spreading a failure report."""
+        self._leaving = h
+        try:
+            self.prox.declare_dead(h)
+        finally:
+            self._leaving = None
 
     def drop_dead(self, h: NodeHandle) -> None:
         """Remove ``h`` from our state as dead: through the proximity verdict if it is news,

@@ -278,6 +278,7 @@ class Maintenance:
         h: NodeHandle,
         was_leaf: bool,
         slot: tuple[int, int] | None,
+        spread: bool = True,
     ) -> None:
         core = self.core
         now = core.runtime.now()
@@ -291,12 +292,13 @@ class Maintenance:
             self.repair_slot(*slot)
         if not was_leaf:
             return
-        # our own probes found it dead: tell the leaf set, whose members probe it themselves
-        msg = LeafFailed(h, 0.0)
-        for m in core.leaf.nodes():
-            core.runtime.send(m, msg)
-        core.stats["leaf_failed_sent"] += len(core.leaf)
-        self._verify_leaves(now)
+        if spread:
+            # our own probes found it dead: tell the leaf set, whose members probe it themselves
+            msg = LeafFailed(h, 0.0)
+            for m in core.leaf.nodes():
+                core.runtime.send(m, msg)
+            core.stats["leaf_failed_sent"] += len(core.leaf)
+            self._verify_leaves(now)
         self._maybe_repair(now)
 
     def on_alive(self, h: NodeHandle) -> None:
