@@ -12,7 +12,7 @@ import trio
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
-from overlay.live.control import ControlClient, LookupReply, StatusRequest
+from overlay.live.control import ControlClient, LookupReply, Proven, StatusRequest
 from overlay.live.node import Node
 from overlay.messages import Message, register
 from transports import open_udp
@@ -89,3 +89,37 @@ async def test_lookup_reply_only_from_the_node_it_names() -> None:
                 await trio.sleep(0.01)
         assert a.stats["node.lookup_reply_forged"] == 1
         assert isinstance(got[0], LookupReply) and got[0].responsible == b.handle
+
+
+async def test_no_amplification_towards_an_unproven_source() -> None:
+    """A signed StatusRequest from a self-made key gets only a cookie, no larger than the
+    request; the full answer needs the cookie echoed from the same address. Requests beyond
+    the per-source rate are dropped and counted."""
+    from overlay.identity import Identity
+    from overlay.wire import encode_message
+    from transports.auth import Signer
+
+    async with open_udp("udp://127.0.0.1:0") as t, Node(t, "pastry", seed=1) as node:
+        await node.join([])
+        for _ in range(50):  # let the node's own stats fill, as an attacker would wait for
+            await trio.sleep(0)
+        async with open_udp("udp://127.0.0.1:0") as raw:
+            signer = Signer(Identity.generate().private_key)
+            bare = signer.seal(raw.address, encode_message(StatusRequest(77)))
+            raw.send_nowait(node.address, bare)  # too small to answer even with a cookie
+            padded = signer.seal(raw.address, encode_message(Proven(bytes(48), StatusRequest(7))))
+            raw.send_nowait(node.address, padded)
+            with trio.fail_after(5):
+                _, answer = await raw.receive()
+            assert len(answer) <= len(padded)
+            assert node.stats["node.control_unpadded"] == 1
+            assert node.stats["node.control_cookies_sent"] == 1
+            for _ in range(200):  # a flood from one source
+                raw.send_nowait(
+                    node.address, signer.seal(raw.address, encode_message(StatusRequest(78)))
+                )
+            await trio.sleep(0.2)
+            assert node.stats["node.control_rate_limited"] > 100
+        async with open_udp("udp://127.0.0.1:0") as ct, ControlClient(ct) as client:
+            st = await client.status(node.address)  # the client echoes the cookie by itself
+            assert st.handle == node.handle

@@ -31,8 +31,10 @@ from transports.base import Transport
 
 __all__ = [
     "ControlClient",
+    "CookieReply",
     "LookupReply",
     "LookupRequest",
+    "Proven",
     "StatusReply",
     "StatusRequest",
     "await_reply",
@@ -84,6 +86,30 @@ class LookupReply(Message):
     key: NodeId
     responsible: NodeHandle
     entry: NodeHandle
+
+
+#: cookie field of a request sent before the node gave us a cookie (padding, see gate.py)
+_PAD = bytes(48)
+
+
+@register(5)
+@attrs.frozen(slots=True)
+class CookieReply(Message):
+    """Answer to a control request from a source that has not proven its address: a cookie
+    to echo in :class:`Proven` (no larger than the request; see :mod:`overlay.live.gate`)."""
+
+    nonce: int
+    cookie: bytes
+
+
+@register(6)
+@attrs.frozen(slots=True)
+class Proven(Message):
+    """A control request with the cookie its sender received at its address (or, before it
+    has one, padding that makes the request at least as large as the cookie answer)."""
+
+    cookie: bytes
+    request: Message
 
 
 async def await_reply(
@@ -146,6 +172,8 @@ class ControlClient:
         self._rng = random.Random()
         #: replies that named another node than the one whose key signed them (dropped)
         self.forged_replies = 0
+        #: return-routability cookies the nodes gave us, by node address
+        self._cookies: dict[str, bytes] = {}
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
 
@@ -186,15 +214,28 @@ class ControlClient:
                     w(msg)
 
     async def _ask(self, address: str, msg: Message, nonce: int, timeout_s: float) -> Message:
-        body = encode_message(msg)
+        # A node answers a source it has not seen prove its address with a cookie only
+        # (overlay.live.gate); the request then goes again with the cookie. Cookies are kept
+        # per address for the next requests.
+        deadline = trio.current_time() + timeout_s
+        for _ in range(2):
+            # without a cookie the request is padded, so that the node's cookie answer can be
+            # no larger than it (QUIC pads its first datagram for the same reason)
+            cookie = self._cookies.get(address, _PAD)
+            body = encode_message(Proven(cookie, msg))
 
-        def send() -> None:
-            self.transport.send_nowait(address, self._signer.seal(self.transport.address, body))
+            def send(body: bytes = body) -> None:
+                self.transport.send_nowait(address, self._signer.seal(self.transport.address, body))
 
-        reply = await await_reply(self._waiters, nonce, send, timeout_s)
-        if reply is None:
-            raise OverlayError(f"no answer from {address} within {timeout_s:g}s")
-        return reply
+            left = max(0.05, deadline - trio.current_time())
+            reply = await await_reply(self._waiters, nonce, send, left)
+            if reply is None:
+                break
+            if isinstance(reply, CookieReply):
+                self._cookies[address] = reply.cookie
+                continue
+            return reply
+        raise OverlayError(f"no answer from {address} within {timeout_s:g}s")
 
     def new_nonce(self) -> int:
         """A fresh request nonce (62 random bits)."""

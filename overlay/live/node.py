@@ -51,12 +51,15 @@ from overlay.kbr import KbrCore
 from overlay.live.apps import LOOKUP_APP, Delivery, Endpoint, LookupApp
 from overlay.live.control import (
     ControlClient,
+    CookieReply,
     LookupReply,
     LookupRequest,
+    Proven,
     StatusReply,
     StatusRequest,
     await_reply,
 )
+from overlay.live.gate import ControlGate
 from overlay.live.runtime import TrioRuntime, exit_nursery
 from overlay.messages import Message
 from overlay.multicast import Multicast
@@ -167,6 +170,7 @@ class Node:
         self.closed_event = trio.Event()
         self._ctl_waiters: dict[int, Callable[[Message], None]] = {}
         self._control_handlers: dict[type[Message], ControlHandler] = {}
+        self._gate = ControlGate()
         self._own_id_bytes = self.identity.id.to_bytes_be()
 
     # ------------------------------------------------------------------ properties
@@ -407,8 +411,13 @@ class Node:
                 return
         src = intern_handle(opened.sender_hash, address)
         t = type(msg)
-        if t is StatusRequest or t is LookupRequest:
-            self._on_control(src, msg)
+        if t is Proven:
+            assert isinstance(msg, Proven)
+            proven = self._gate.valid(msg.cookie, address, trio.current_time())
+            self._admit_control(src, msg.request, proven, len(data))
+            return
+        if t is StatusRequest or t is LookupRequest or t in self._control_handlers:
+            self._admit_control(src, msg, False, len(data))
             return
         if t is LookupReply:
             assert isinstance(msg, LookupReply)
@@ -422,10 +431,6 @@ class Node:
         if t is StatusReply:
             self.deliver_reply(msg)
             return
-        handler = self._control_handlers.get(t) if self._control_handlers else None
-        if handler is not None:
-            self._on_extra_control(handler, src, msg)
-            return
         core = self._core
         if core is not None:
             core.receive(src, msg)
@@ -437,6 +442,38 @@ class Node:
             waiter(msg)
         else:
             self._counters["unexpected_reply"] += 1
+
+    def _admit_control(self, src: NodeHandle, msg: Message, proven: bool, size: int) -> None:
+        """Rate-limit, then answer a control request; a source that has not proven its
+        address gets only a cookie, and only if that answer is no larger than its request
+        (``size`` bytes): :mod:`overlay.live.gate`, no amplification."""
+        now = trio.current_time()
+        addr = str(src.address)
+        if not self._gate.admit(addr, now):
+            self._counters["control_rate_limited"] += 1
+            return
+        t = type(msg)
+        if not proven:
+            nonce = getattr(msg, "nonce", None)
+            if not isinstance(nonce, int):
+                self._counters["control_unknown"] += 1
+                return
+            body = encode_message(CookieReply(nonce, self._gate.cookie(addr, now)))
+            frame = self._signer.seal(self.transport.address, body, None)
+            if len(frame) > size:
+                self._counters["control_unpadded"] += 1
+                return
+            self._counters["control_cookies_sent"] += 1
+            self.transport.send_nowait(addr, frame, None)
+            return
+        if t is StatusRequest or t is LookupRequest:
+            self._on_control(src, msg)
+            return
+        handler = self._control_handlers.get(t)
+        if handler is not None:
+            self._on_extra_control(handler, src, msg)
+            return
+        self._counters["control_unknown"] += 1
 
     def _on_control(self, src: NodeHandle, msg: Message) -> None:
         core = self._core
