@@ -477,11 +477,16 @@ class KbrCore(abc.ABC):
         self._step(msg, None)
 
     def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:
+        if msg.origin.id != src.id:
+            # a direct message travels one hop: its origin is its sender, whose key proves its
+            # id on live nodes; a claimed origin that differs would let anyone speak for anyone
+            self.stats["direct_origin_forged"] += 1
+            return
         app = self.apps.get(msg.app)
         if app is None:
             self.stats["dropped_unknown_app"] += 1
             return
-        app.deliver(self.id, msg.payload, msg.origin)
+        app.deliver(self.id, msg.payload, src)
 
     def _on_ping(self, src: NodeHandle, msg: Ping) -> None:
         self.prox.on_ping(src, msg)

@@ -51,10 +51,13 @@ class EngineTimer:
 class Engine:
     """Virtual clock + event heap."""
 
-    __slots__ = ("_heap", "_seq", "_stop", "events", "now")
+    __slots__ = ("_heap", "_seq", "_stop", "after_event", "events", "now")
 
     def __init__(self) -> None:
         self.now = 0.0
+        #: called after every event when set: invariant observers check state at each step
+        #: (the loop reads it once per run, so set it between runs)
+        self.after_event: Callable[[], None] | None = None
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self._stop = False
@@ -87,6 +90,7 @@ class Engine:
         pop = heapq.heappop
         self._stop = False
         n = 0
+        after = self.after_event
         try:
             while heap:
                 if heap[0][0] > end_s:
@@ -95,6 +99,8 @@ class Engine:
                 self.now = when
                 n += 1
                 fn(*args)
+                if after is not None:
+                    after()
                 if self._stop:
                     self._stop = False
                     return False

@@ -224,24 +224,34 @@ class Network:
         node.core.receive(self.nodes[src].handle, msg)
 
     # ------------------------------------------------------------------ population
-    def _new_node(self, overlay: str, config: Any, nid: NodeId | None) -> SimNode:
+    def _new_node(
+        self, overlay: str, config: Any, nid: NodeId | None, index: int | None = None
+    ) -> SimNode:
+        """A new node with a fresh core; ``index`` given: a restart in a crashed node's place
+        (same id, address and network position)."""
         cls, default_cfg, _ = _overlay_parts(overlay)
-        index = len(self.nodes)
+        restart = index is not None
+        if index is None:
+            index = len(self.nodes)
         if nid is None:
             nid = NodeId.random(self.rng)
             while int(nid) in self._by_id:
                 nid = NodeId.random(self.rng)
-        elif int(nid) in self._by_id:
+        elif int(nid) in self._by_id and not restart:
             raise OverlayError(f"id {nid} is already in the network")
         handle = NodeHandle(nid, index)
-        self.latency.place(index, self.rng)
+        if not restart:
+            self.latency.place(index, self.rng)
         runtime = SimRuntime(self, index)
         core = cls(runtime, handle, config if config is not None else default_cfg())
         core.register(LOOKUP_APP, _LookupApp(self, nid))
         attach_multicast(core)
         node = SimNode(index, handle, core)
         runtime.node = node
-        self.nodes.append(node)
+        if restart:
+            self.nodes[index] = node
+        else:
+            self.nodes.append(node)
         self._by_id[int(nid)] = node
         return node
 
@@ -406,6 +416,24 @@ class Network:
             i = bisect.bisect_left(self._live_ids, int(node.id))
             if i < len(self._live_ids) and self._live_ids[i] == int(node.id):
                 del self._live_ids[i]
+
+    def restart(self, node: SimNode, config: Any = None) -> SimNode:
+        """Bring a crashed ``node`` back: same id and address, fresh state, joining now through
+        a random ready node (returns the new ``SimNode``, which replaces the old one)."""
+        if node.alive:
+            raise OverlayError(f"restart of {node!r}, which is alive")
+        if self.overlay is None:
+            raise ConfigError("this network has no overlay yet")
+        new = self._new_node(self.overlay, config, node.id, index=node.index)
+
+        def joined(ok: bool) -> None:
+            if ok and new.alive:
+                self._ready.append(new)
+
+        new.core.start()
+        new.core.join(self._ready_seed(new), joined)
+        self._mark_live(new)
+        return new
 
     def leave(self, nodes: SimNode | Iterable[SimNode]) -> None:
         """Graceful departure: each node tells the nodes it knows (``KbrCore.leave``), which

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sim_oracles import lookups
 
 from overlay import ConfigError, NodeId, OverlayError
 from sim_adapter.latency import Uniform
@@ -96,3 +97,22 @@ def test_overlapping_joins_build_a_correct_ring() -> None:
     assert [r.result for r in res] == [net.closest_live(k) for _, k in pairs]
     with pytest.raises(ConfigError, match="join_interval_s"):
         net.spawn(1, overlay=overlay, join_interval_s=0)
+
+
+def test_restart_brings_a_crashed_node_back_under_its_id() -> None:
+    net = Network(seed=31)
+    nodes = net.spawn(60, overlay="pastry", build="oracle")
+    net.run(10.0)
+    victim = nodes[17]
+    net.crash(victim)
+    net.run(60.0)
+    back = net.restart(victim)
+    assert back.id == victim.id and back.index == victim.index and back.alive
+    assert net.nodes[victim.index] is back and not victim.alive
+    net.run(120.0)
+    assert back.core.ready
+    assert net.closest_live(back.id) == back.id
+    ok, _ = lookups(net, [n for n in net.nodes if n.alive], 300, seed=2)
+    assert ok == 1.0
+    with pytest.raises(OverlayError):
+        net.restart(back)
