@@ -1,4 +1,4 @@
-"""The ``flockring`` command (DESIGN §3.1): the one floor that may import every package.
+"""The ``flockring`` command (docs/design.md): the one floor that may import every package.
 
 User mistakes print one line on stderr and exit non-zero, never a traceback: every
 ``OverlayError`` (and argparse's own usage errors) end in :func:`main`'s handler.

@@ -1,8 +1,8 @@
-"""flockring overlay layer: sans-io protocol cores and the trio Node facade (DESIGN §1).
+"""flockring overlay layer: sans-io protocol cores and the trio Node facade (docs/design.md).
 
-The pinned public names (DESIGN §3) are importable from here. ``Node`` and ``Identity`` and the
-overlay configs are loaded on first use, so that importing a protocol core (``overlay.kbr``)
-never pulls in trio or the crypto library.
+The pinned public names (docs/design.md, "Public API") are importable from here. ``Node`` and
+``Identity`` and the overlay configs are loaded on first use, so that importing a protocol core
+(``overlay.kbr``) never pulls in trio or the crypto library.
 """
 
 from __future__ import annotations

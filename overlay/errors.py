@@ -1,7 +1,7 @@
 """Exception hierarchy. Every error the library raises derives from :class:`OverlayError`.
 
 API misuse raises at once with a message that says what was wrong; malformed *network* input
-never raises (it is dropped and counted by the receiver, DESIGN §2.7).
+never raises (it is dropped and counted by the receiver; docs/design.md, "The sans-io rule").
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Node identity: an Ed25519 key pair whose SHA-1 public-key hash is the NodeId (DESIGN §2.1, §2.7).
+"""Node identity: an Ed25519 key pair whose SHA-1 public-key hash is the NodeId.
 
-Theory of operation: ids are *self-certifying* (as in Castro et al., "Secure routing for
-structured P2P overlay networks", 2002, and S/Kademlia): ``NodeId = SHA-1(raw 32-byte Ed25519
-public key)``. Every envelope a live node sends is signed with the key
+Theory of operation (docs/transports.md): ids are *self-certifying* (as in Castro et al., "Secure
+routing for structured P2P overlay networks", 2002, and S/Kademlia): ``NodeId = SHA-1(raw 32-byte
+Ed25519 public key)``. Every envelope a live node sends is signed with the key
 (``transports/auth.py``), and the receiver recomputes the id from the verified key, so nobody can
 speak under an id without its private key. The key is stored as unencrypted PKCS#8 PEM in a file
 created with mode 0600; loading a key file that group or others may read is refused, as OpenSSH
-refuses such private keys. This module does file I/O but no networking and no clock; key
-generation uses the ``cryptography`` library's CSPRNG (OpenSSL), never the global ``random``.
+refuses such private keys. This module does file I/O but no networking and no clock; key generation
+uses the ``cryptography`` library's CSPRNG (OpenSSL), never the global ``random``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NodeId arithmetic on the 160-bit identifier ring (DESIGN §2.1).
+"""NodeId arithmetic on the 160-bit identifier ring (docs/design.md, "Identifiers").
 
 Theory of operation: ids are points on a ring of 2**160 (the SHA-1 size used by FreePastry and
 Brunet). Pastry reads an id as 40 digits of b = 4 bits, most significant first (Rowstron &

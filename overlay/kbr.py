@@ -1,6 +1,6 @@
 """Key-based routing: the Common API both overlays implement, and the shared routing engine.
 
-Theory of operation (DESIGN §1.2; Dabek et al., "Towards a Common API for Structured P2P
+Theory of operation (Dabek et al., "Towards a Common API for Structured P2P
 Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
 
 * Applications register by name on a core and get upcalls: ``deliver`` on the node responsible
@@ -207,7 +207,7 @@ class KbrCore(abc.ABC):
         self._extra_handlers[cls] = fn
 
     def receive(self, src: NodeHandle, msg: Message) -> None:
-        """Entry point for every incoming message. Never raises (DESIGN §2.7)."""
+        """Entry point for every message. Never raises: bad input is dropped and counted."""
         if self.stopped:
             return
         t = type(msg)
@@ -354,7 +354,7 @@ class KbrCore(abc.ABC):
         for a in self.apps.values():
             a.update(h, joined)
 
-    # ------------------------------------------------------------ proximity (DESIGN §2.5)
+    # ------------------------------------------------------- proximity (overlay/proximity.py)
     def probe(
         self, handle: NodeHandle, callback: Callable[[float | None], None] | None = None
     ) -> None:

@@ -11,7 +11,7 @@ Tags are grouped by protocol so modules never collide:
 20–29      proximity probes (overlay/proximity.py)
 30–59      Pastry (overlay/pastry/)
 60–89      small-world ring (overlay/smallworld/)
-90–109     multicast / aggregation (overlay/multicast.py)
+90–109     multicast / aggregation (overlay/multicast/)
 110–199    discovery plugins (discovery/)
 200–254    tests and experiments
 =========  ======================================

@@ -1,6 +1,6 @@
 """Proximity and liveness: RTT estimation, probes and the ALIVE/SUSPECTED/DEAD state machine.
 
-Theory of operation (DESIGN §2.5, §2.2 failure detection):
+Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 failure detection):
 
 * Every peer we have exchanged messages with gets a :class:`PeerState`. RTT samples (from
   ping/pong and from per-hop route acks, Karn's rule: first transmissions only) feed an RFC 6298
@@ -53,8 +53,10 @@ class ProximityConfig:
     """RTT estimation and failure-detection knobs."""
 
     initial_rto_s: float = attrs.field(default=1.0, validator=positive)  # RFC 6298 §2.1
-    min_rto_s: float = attrs.field(default=0.05, validator=positive)  # DESIGN §2.2
-    max_rto_s: float = attrs.field(default=10.0, validator=positive)  # DESIGN §2.2
+    # RTO clamp, ours: RFC 6298 §2.4 rounds the RTO up to 1 s (and §2.5 allows a cap >= 60 s),
+    # but overlay probes are cheap datagrams and LAN RTTs are far below 1 s.
+    min_rto_s: float = attrs.field(default=0.05, validator=positive)
+    max_rto_s: float = attrs.field(default=10.0, validator=positive)
     alpha: float = 1 / 8  # RFC 6298 §2.3
     beta: float = 1 / 4  # RFC 6298 §2.3
     #: retransmissions of an unanswered probe before DEAD (MSPastry probes a few times).

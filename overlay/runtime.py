@@ -1,11 +1,12 @@
-"""The Runtime protocol: the only way a protocol core reaches the world (DESIGN §1.1).
+"""The Runtime protocol: the only way a protocol core reaches the world.
 
-Theory of operation: cores are plain synchronous objects (like h11 / aioquic). They read the
-clock with ``now()``, schedule work with ``call_later()``, emit datagrams with ``send()`` and draw
-randomness from ``rng`` (a seeded ``random.Random``). Incoming datagrams enter through
-``core.receive(src, msg)``. Two drivers implement this: the trio ``overlay.Node`` (real clock) and
-the discrete-event simulator (virtual clock). :class:`ManualRuntime` below is a third, tiny one for
-synchronous unit tests: explicit time, every sent message recorded.
+Theory of operation (docs/design.md, "The sans-io rule"): cores are plain synchronous objects (like
+h11 / aioquic). They read the clock with ``now()``, schedule work with ``call_later()``, emit
+datagrams with ``send()`` and draw randomness from ``rng`` (a seeded ``random.Random``). Incoming
+datagrams enter through ``core.receive(src, msg)``. Two drivers implement this: the trio
+``overlay.Node`` (real clock) and the discrete-event simulator (virtual clock).
+:class:`ManualRuntime` below is a third, tiny one for synchronous unit tests: explicit time, every
+sent message recorded.
 
 ``send`` has datagram semantics: it never blocks, never raises for network reasons, and the
 message may be lost. ``send_address`` exists only for bootstrap, when the joiner knows a seed's

@@ -1,4 +1,4 @@
-"""In-memory trio swarms for other projects' pytest-trio tests (DESIGN §3: ``open_swarm``).
+"""In-memory trio swarms for other projects' pytest-trio tests (``open_swarm``, docs/live.md).
 
 Theory of operation: a :class:`Swarm` is ``n`` real :class:`overlay.Node` objects over one
 :class:`transports.MemoryNetwork`, each hosted in its own task of the swarm's nursery, joined one

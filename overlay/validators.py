@@ -1,4 +1,4 @@
-"""attrs validators shared by the config classes (DESIGN §5: configs are validated when built).
+"""attrs validators shared by the config classes: a config is validated when it is built.
 
 Each validator raises :class:`overlay.errors.ConfigError` naming the field, the rule and the
 value it refused (``"level_s must be > 0, got 0"``), so that a bad config fails where it is

@@ -1,4 +1,4 @@
-"""Message <-> msgpack mapping, with field-type validation on decode (DESIGN §1, §2.7).
+"""Message <-> msgpack mapping, with field-type validation on decode (docs/transports.md).
 
 Theory of operation: a registered :class:`~overlay.messages.Message` travels as the msgpack array
 ``[tag, field_1, …, field_n]`` in attrs field order (no names, no pickle). Values map as:

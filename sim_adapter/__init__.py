@@ -1,4 +1,4 @@
-"""The discrete-event simulator: the same protocol cores in virtual time (DESIGN §1.1, §3)."""
+"""The discrete-event simulator: the same protocol cores in virtual time (docs/simulator.md)."""
 
 from sim_adapter import latency
 from sim_adapter.engine import Engine

@@ -1,4 +1,4 @@
-"""The discrete-event engine: one heapq loop, virtual time, no trio (DESIGN §1.1).
+"""The discrete-event engine: one heapq loop, virtual time, no trio (docs/simulator.md).
 
 Theory of operation: every event is a tuple ``(time, seq, fn, args)`` on one binary heap; the
 ``seq`` counter makes the order of simultaneous events deterministic (FIFO), so a seeded run is

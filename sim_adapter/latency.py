@@ -1,4 +1,4 @@
-"""Latency models for the discrete-event simulator (DESIGN §1, §3; issue 2 item 3; issue 5).
+"""Latency models for the discrete-event simulator (docs/latency.md).
 
 Theory of operation
 -------------------
@@ -18,7 +18,8 @@ Models and their sources:
 ``Uniform(lo_s, hi_s, seed)``
     A fixed per-pair latency uniform on [lo, hi], symmetric, computed from a SplitMix64-style hash
     of (min(a, b), max(a, b), seed): no per-pair storage. PonD's analytic evaluation used edges
-    uniform on 50-300 ms (Lee et al. HPDC 2012 §4.1); DESIGN §3 uses ``Uniform(0.05, 0.30)``.
+    uniform on 50-300 ms (Lee et al. HPDC 2012 §4.1); ``Network``'s default is
+    ``Uniform(0.05, 0.30)``.
 ``Sphere(diameter_s=0.2)``
     FreePastry's default direct-simulator topology (``direct_simulator_topology = sphere``,
     ``pastry_direct_max_diameter=200`` ms, ``pastry_direct_min_delay=2`` ms; class

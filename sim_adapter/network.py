@@ -1,6 +1,6 @@
 """The simulated network: spawn, crash, loss, partitions, oracle builds and measurements.
 
-Theory of operation (DESIGN §1.1, §3): a :class:`Network` owns one :class:`Engine` and a list of
+Theory of operation (docs/simulator.md): a :class:`Network` owns one :class:`Engine` and a list of
 :class:`SimNode`. Each node runs an unmodified protocol core (Pastry or small-world) behind a
 :class:`SimRuntime`, whose ``send`` turns into a delivery event ``latency.one_way_s(a, b)`` later
 (unless the message is lost or crosses a partition). Sim addresses are node indices. Every node
@@ -131,7 +131,7 @@ def _overlay_parts(name: str) -> _Parts:
 
 
 class Network:
-    """A whole simulated overlay network in one process (DESIGN §3)."""
+    """A whole simulated overlay network in one process (docs/design.md, "Public API")."""
 
     def __init__(
         self,
@@ -519,9 +519,9 @@ class Network:
                 out.append(Lookup(None, st.hops, timeout_s))
         return out
 
-    # ================================================================ multicast (issue 5) ====
+    # ========================================================================== multicast ====
     # Counting map-reduce over the ring through the multicast application that ``_new_node``
-    # attaches to every core (overlay/multicast.py). Owned by the multicast issue.
+    # attaches to every core (overlay/multicast/app.py).
     def count_nodes(
         self,
         src: SimNode,
@@ -583,7 +583,7 @@ class Network:
         return Aggregate(int(r.value or 0), list(r.missing), r.depth, r.elapsed_s)
 
 
-# ==================================================================== multicast (issue 5) ====
+# ============================================================================== multicast ====
 class Aggregate(NamedTuple):
     """Outcome of ``Network.count_nodes``: the count, the clockwise ranges whose nodes were not
     counted, the tree depth and the virtual time the query took."""

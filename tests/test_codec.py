@@ -1,7 +1,8 @@
 """Envelope codec and message wire mapping: round trips, limits, and a fuzzed decoder.
 
-The decoder is the trust boundary (DESIGN §2.7): whatever arrives — random bytes, truncations,
-wrong field types, absurd declared lengths, deep nesting — it returns None and counts why.
+The decoder is the trust boundary (docs/transports.md): whatever arrives — random bytes,
+truncations, wrong field types, absurd declared lengths, deep nesting — it returns None and counts
+why.
 """
 
 from __future__ import annotations

@@ -118,9 +118,9 @@ def test_region_query_matches_oracle() -> None:
 # ---------------------------------------------------------------------- the shared partition
 @pytest.mark.parametrize("d", [CW, CCW])
 def test_partition_follows_the_spec(d: int) -> None:
-    """DESIGN §2.4 restated as an oracle: members (and this node, when inside) sorted from the
-    region's start in tree direction, n_j gets [n_j, n_{j+1}), the last gets [n_i, end), the
-    first also the stretch from the start."""
+    """PonD §2.3's partition restated as an oracle: members (and this node, when inside) sorted
+    from the region's start in tree direction, n_j gets [n_j, n_{j+1}), the last gets [n_i, end),
+    the first also the stretch from the start."""
     rng = random.Random(d)
     for _ in range(500):
         ids = [NodeId(x % RING) for x in rng.sample(range(-3000, 3000), rng.randint(1, 9))]

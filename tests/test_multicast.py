@@ -1,4 +1,4 @@
-"""Recursive-partition multicast and aggregation on both overlays (issue 5, DESIGN §2.4).
+"""Recursive-partition multicast and aggregation on both overlays (PonD §2.3, §3.1).
 
 Static rings of 2,000 nodes built by each overlay's oracle; every check is against an oracle
 over *all* nodes (the sorted ids), never a hand-picked expectation.

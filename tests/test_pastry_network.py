@@ -1,4 +1,4 @@
-"""Issue 2 "must hold": Pastry on the simulated Network, checked against the brute-force oracle.
+"""Pastry on the simulated Network, checked against the brute-force oracle.
 
 Sizes are small (hundreds of nodes) so the file runs in well under a minute; the 10^4 / 10^5
 figures are benchmarks (``flockring bench pastry``), not tests.

@@ -1,6 +1,6 @@
 """Pastry core units: leaf set, routing table, routing decision, PNS, join, bad input.
 
-Synchronous and explicit-time (DESIGN §5): ``ManualRuntime`` for single-core checks and a tiny
+Synchronous and explicit-time: ``ManualRuntime`` for single-core checks and a tiny
 shared-clock message pump (:class:`MiniNet`) for joins; brute-force oracles, not hand-picked
 expectations.
 """

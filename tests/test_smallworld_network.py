@@ -1,4 +1,4 @@
-"""Issue 4 "must hold": the small-world ring on the simulated Network, checked by oracles.
+"""The small-world ring on the simulated Network, checked by oracles.
 
 1,000 nodes by real joins and 20,000 by the oracle build must deliver every lookup to
 ``closest_live``; after 20 % of the nodes crash, 60 virtual seconds restore 100 % with no dead
@@ -71,7 +71,7 @@ def test_20000_nodes_by_oracle_route_every_lookup_to_the_closest_live_node() -> 
     assert net.message_count == 0
     ok, hops = lookups(net, nodes, 2000, seed=2)
     assert ok == 1.0
-    assert hops < 10  # issue 4: mean hops at 10^4 must not exceed 10
+    assert hops < 10  # greedy routing: O(log² N / k) hops (Symphony, Manku et al. 2003)
 
 
 def test_oracle_tables_are_the_protocol_steady_state() -> None:
@@ -160,7 +160,7 @@ def test_joins_onto_an_oracle_ring_and_kbr_queries() -> None:
 
 
 def test_recursive_partition_over_known_in_range_reaches_every_node() -> None:
-    """DESIGN §2.4 on this overlay: [n_j, n_j+1) sub-regions cover the ring exactly once."""
+    """PonD §2.3 on this overlay: [n_j, n_j+1) sub-regions cover the ring exactly once."""
     net = Network(seed=10)
     nodes = net.spawn(3000, overlay="smallworld", build="oracle")
     by = {x.handle: _core(x) for x in nodes}

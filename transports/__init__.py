@@ -1,4 +1,4 @@
-"""Transports move authenticated bytes and know nothing of overlays (DESIGN §1).
+"""Transports move authenticated bytes and know nothing of overlays (docs/transports.md).
 
 ``MemoryNetwork`` (in-process, virtual-time friendly), ``open_udp`` / ``UdpTransport`` and
 ``open_tcp`` / ``TcpTransport`` (optional TLS 1.3); the envelope codec (``codec``) and Ed25519

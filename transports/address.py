@@ -1,7 +1,7 @@
 """Transport addresses: ``scheme://host:port`` strings (``udp``, ``tcp``, ``mem``).
 
-Theory of operation: the overlay treats an address as an opaque hashable value (DESIGN §1,
-``NodeHandle.address``); only the transport that owns a scheme parses it. Hosts must be IP
+Theory of operation: the overlay treats an address as an opaque hashable value
+(``NodeHandle.address``); only the transport that owns a scheme parses it. Hosts must be IP
 literals on the hot path (no DNS lookups inside ``send_nowait``); :func:`resolve` turns a host
 name given by a user into a literal once, before any node starts. IPv6 literals are written in
 brackets as in RFC 3986: ``udp://[::1]:9000``.
@@ -87,7 +87,7 @@ def resolve(text: str) -> str:
         return text
     except ValueError:
         pass
-    import socket  # only here: the codec path must not pull in socket (DESIGN §1.1 test)
+    import socket  # only here: the codec path must not pull in socket (tests/test_sans_io.py)
 
     try:
         infos = socket.getaddrinfo(host, int(port_s), type=socket.SOCK_DGRAM)

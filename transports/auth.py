@@ -1,4 +1,4 @@
-"""Sign and verify envelopes with Ed25519; an anti-replay window per sender (DESIGN §2.7).
+"""Sign and verify envelopes with Ed25519; an anti-replay window per sender (docs/transports.md).
 
 Theory of operation:
 
@@ -6,7 +6,7 @@ Theory of operation:
   outgoing envelope with its 32-byte public key, a sequence number and an Ed25519 signature over
   :meth:`transports.codec.Envelope.signed_bytes`. The receiver derives the sender's identity from
   the key it verified (``sender_hash`` = SHA-1 of the raw public key, the self-certifying NodeId
-  of DESIGN §2.1), so a peer cannot speak under an id it holds no key for.
+  of ``overlay.identity``), so a peer cannot speak under an id it holds no key for.
 * **Replay window.** Sequence numbers are microseconds of wall-clock time, forced strictly
   increasing per signer (like the TAI64N timestamps of WireGuard's handshake). A
   :class:`Verifier` keeps, per sender key, the highest number seen and the set of numbers seen

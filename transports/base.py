@@ -1,9 +1,9 @@
 """The Transport protocol every transport implements (memory, UDP, TCP).
 
-Theory of operation: a transport moves opaque byte strings between addresses and knows nothing
-of overlays (DESIGN §1 floors). Sending has *datagram semantics* so that the synchronous, sans-io
-cores can emit messages from inside a callback: :meth:`Transport.send_nowait` never blocks and
-never raises for network reasons — a full buffer, an unreachable peer or an oversized frame is
+Theory of operation: a transport moves opaque byte strings between addresses and knows nothing of
+overlays (docs/design.md, "Floors"). Sending has *datagram semantics* so that the synchronous,
+sans-io cores can emit messages from inside a callback: :meth:`Transport.send_nowait` never blocks
+and never raises for network reasons — a full buffer, an unreachable peer or an oversized frame is
 dropped and counted in ``stats``. Receiving is one async iterator of ``(source address, bytes)``.
 Authentication (``transports/auth.py``) is applied by the layer above, on the bytes.
 """

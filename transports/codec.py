@@ -1,4 +1,4 @@
-"""Versioned msgpack envelope with hard size, length and depth limits (DESIGN §2.7).
+"""Versioned msgpack envelope with hard size, length and depth limits (docs/transports.md).
 
 Theory of operation: every datagram (UDP, memory) and every TCP frame is one *envelope*, a
 msgpack array of exactly eight items::
@@ -45,7 +45,7 @@ __all__ = [
 
 VERSION = 1
 FLAG_SIGNED = 0x01
-#: the UDP datagram bound the issue names; TCP frames obey the same limit.
+#: about the largest UDP datagram (16-bit length field); TCP frames obey the same limit.
 MAX_FRAME_BYTES = 64 * 1024
 _DOMAIN = b"flockring/envelope/v1\x00"
 

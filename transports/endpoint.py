@@ -1,6 +1,6 @@
 """What every trio transport shares: the send-side admission check and receive iteration.
 
-Theory of operation (DESIGN §1 floors, ``transports.base.Transport``): ``send_nowait`` has
+Theory of operation (``transports.base.Transport``): ``send_nowait`` has
 datagram semantics, so a frame for a closed endpoint or over the size limit is dropped and
 counted (``send_closed`` / ``send_oversized``), never raised (:meth:`EndpointMixin._admit`). The
 receive side is one async iterator of ``(source address, bytes)``: ``receive()`` raises

@@ -1,8 +1,8 @@
 """The root of flockring's exception hierarchy, kept on the lowest floor.
 
-Transports sit below ``overlay`` and may not import it (DESIGN §1), yet every error the library
-raises must be catchable as ``overlay.OverlayError`` (DESIGN §3). So the root class lives here
-and ``overlay.errors`` re-exports it under that pinned name.
+Transports sit below ``overlay`` and may not import it (docs/design.md, "Floors"), yet every error
+the library raises must be catchable as ``overlay.OverlayError`` (docs/design.md, "Public API"). So
+the root class lives here and ``overlay.errors`` re-exports it under that pinned name.
 """
 
 from __future__ import annotations

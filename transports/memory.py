@@ -1,4 +1,4 @@
-"""In-process datagram network for tests and in-memory swarms (DESIGN §1, §3).
+"""In-process datagram network for tests and in-memory swarms (docs/transports.md).
 
 Theory of operation: a :class:`MemoryNetwork` is a dictionary of endpoints keyed by
 ``mem://N`` addresses. ``send_nowait`` applies the configured loss (a seeded

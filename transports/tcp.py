@@ -13,8 +13,9 @@ Theory of operation:
   connection for sending, so an inbound peer cannot claim another node's address and divert its
   traffic). At most ``max_connections`` of each kind exist; queue overflow, dial failure and
   peer resets are dropped and counted — datagram semantics, as the cores expect.
-* **TLS 1.3** (stdlib ``ssl``; DESIGN §2.7): given the node's Ed25519 key, the transport makes a
-  self-signed X.509 certificate from it (``cryptography``), serves it, and requires TLS 1.3.
+* **TLS 1.3** (stdlib ``ssl``; docs/transports.md): given the node's Ed25519 key, the
+  transport makes a self-signed X.509 certificate from it (``cryptography``), serves it, and
+  requires TLS 1.3.
   The dialling side does not use a CA; instead it reads the server's certificate after the
   handshake (which proved possession of the matching private key) and, when the caller knows
   whom it is dialling (``peer_id`` = SHA-1 of the peer's public key), closes the connection if

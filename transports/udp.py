@@ -1,4 +1,4 @@
-"""UDP transport on trio sockets (DESIGN §1, §3: ``open_udp``).
+"""UDP transport on trio sockets: ``open_udp`` (docs/transports.md).
 
 Theory of operation: one datagram socket per node, bound at open (port 0 lets the kernel pick;
 ``address`` reports the real port afterwards), used in non-blocking mode. ``send_nowait`` is

@@ -1,6 +1,6 @@
 """Application endpoints of ``overlay.Node``: the trio side of the KBR application upcalls.
 
-Theory of operation (DESIGN §1.2, §3; split from :mod:`overlay.live.node`, which uses it): a core
+Theory of operation (docs/live.md; split from :mod:`overlay.live.node`, which uses it): a core
 calls its applications synchronously (``deliver`` / ``forward`` / ``update``). An
 :class:`Endpoint` turns ``deliver`` into an async iterator of :class:`Delivery` through a bounded
 trio memory channel (full: dropped and counted, never blocking the core) and offers ``route`` /

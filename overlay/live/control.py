@@ -1,12 +1,13 @@
 """The read-only control protocol of live nodes: status and lookup requests (tags 16–19).
 
-Theory of operation (DESIGN §3; split from :mod:`overlay.live.node`, which answers these requests):
-an operator or the CLI (``flockring status`` / ``route``) sends a signed :class:`StatusRequest`
-or :class:`LookupRequest` to a running node without joining the overlay. A status request is
-answered at once with a :class:`StatusReply`; a lookup is routed through the overlay to the node
-responsible for the key, which sends a :class:`LookupReply` straight back to the asker. Replies
-are matched to their request by a random nonce; requests are datagrams, so the asker retries a
-few times within its timeout (:func:`await_reply`). :class:`ControlClient` is the asking side.
+Theory of operation (docs/live.md; split from :mod:`overlay.live.node`, which answers these
+requests): an operator or the CLI (``flockring status`` / ``route``) sends a signed
+:class:`StatusRequest` or :class:`LookupRequest` to a running node without joining the overlay. A
+status request is answered at once with a :class:`StatusReply`; a lookup is routed through the
+overlay to the node responsible for the key, which sends a :class:`LookupReply` straight back to the
+asker. Replies are matched to their request by a random nonce; requests are datagrams, so the asker
+retries a few times within its timeout (:func:`await_reply`). :class:`ControlClient` is the asking
+side.
 """
 
 from __future__ import annotations

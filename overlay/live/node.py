@@ -1,6 +1,6 @@
 """``overlay.Node``: the trio driver that runs a sans-io overlay core on a real transport.
 
-Theory of operation (DESIGN §1.1, §3; the h11/aioquic "sans-io core + thin driver" pattern):
+Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" pattern):
 
 * The node implements :class:`overlay.runtime.Runtime` for its core: ``now()`` is
   ``trio.current_time()`` (so ``trio.testing.MockClock`` drives a whole swarm in virtual time),

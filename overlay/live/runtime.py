@@ -1,6 +1,7 @@
 """The trio side of ``overlay.Node``: the Runtime its core sees, and nursery plumbing.
 
-Theory of operation (DESIGN §1.1; split from :mod:`overlay.live.node`, which uses it):
+Theory of operation (docs/design.md, "The sans-io rule"; split from :mod:`overlay.live.node`, which
+uses it):
 
 * :class:`TrioRuntime` implements :class:`overlay.runtime.Runtime` for one node: ``now()`` is
   ``trio.current_time()`` (so ``trio.testing.MockClock`` drives a whole swarm in virtual time),

@@ -55,7 +55,7 @@ class MulticastConfig:
     max_budget_s: float = attrs.field(default=3600.0, validator=positive)
     max_level_s: float = attrs.field(default=60.0, validator=positive)
     #: expected depth of a partition tree over s nodes is depth_factor · log2(s + 1) levels
-    #: (the issue's bound: depth ≤ 2·log2 N).
+    #: (PonD §4.1: depth O(log N); tests/test_multicast.py checks depth ≤ 2·log2 N).
     depth_factor: float = attrs.field(default=2.0, validator=positive)
     #: extra levels of budget per child, so estimation error does not cut healthy subtrees.
     slack_levels: float = attrs.field(default=3.0, validator=non_negative)
@@ -77,7 +77,7 @@ class MulticastConfig:
     #: remembered (parent, token, slot) of recent queries, to ignore retransmitted duplicates.
     dedupe_window: int = attrs.field(default=32, validator=positive)
     #: nearest ring neighbours used to estimate the ring size at the root (from their spread;
-    #: 4 = the small-world near connections, 2 per side, DESIGN §2.3).
+    #: 4 = the small-world near connections, 2 per side as in Brunet).
     estimate_neighbors: int = attrs.field(default=4, validator=positive)
 
 

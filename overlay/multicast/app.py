@@ -1,6 +1,6 @@
 """Recursive-partition multicast and map-reduce aggregation on the KBR API (both overlays).
 
-Theory of operation (DESIGN §2.4; PonD, Lee et al. HPDC 2012, §2.3, §3.1, §4.1; DeeToo;
+Theory of operation (PonD, Lee et al. HPDC 2012, §2.3, §3.1, §4.1; DeeToo;
 Vishnevsky et al.'s self-organising trees):
 
 * **Partition.** A node responsible for a region takes the live nodes it knows there

@@ -1,7 +1,7 @@
 """The per-node tree protocol of multicast: dispatch to children, answers, deadlines, repair.
 
-Split from :mod:`overlay.multicast` (theory of operation there; PonD §2.3, §3.1, §4.1, DESIGN
-§2.4). :class:`TreeProtocol` is the base of :class:`overlay.multicast.Multicast` and owns what a
+Split from :mod:`overlay.multicast.app` (theory of operation there; PonD §2.3, §3.1, §4.1).
+:class:`TreeProtocol` is the base of :class:`overlay.multicast.Multicast` and owns what a
 node does once it holds a :class:`~overlay.multicast.session.Session` for a region, whether as
 root or as an internal node:
 

@@ -1,6 +1,6 @@
 """Bookkeeping records of the multicast protocol: sessions, children, the redundant-tree pair.
 
-Split from :mod:`overlay.multicast` (theory of operation there; PonD §3.1, DESIGN §2.4). A
+Split from :mod:`overlay.multicast.app` (theory of operation there; PonD §3.1). A
 :class:`Session` is one node's part in one tree of one query; it exists only on roots and
 internal nodes (a leaf answers at once and keeps only a :data:`Cached` answer). Each child the
 session sent the query to has a :class:`ChildRecord` whose ``state`` walks

@@ -1,7 +1,7 @@
 """The recursive partition of a multicast region: one pure function, shared by the protocol and
 the simulator's analytic mode.
 
-Theory of operation (DESIGN §2.4; PonD, Lee et al. HPDC 2012, §2.3, §3.1.4; DeeToo): a node
+Theory of operation (PonD, Lee et al. HPDC 2012, §2.3, §3.1.4; DeeToo): a node
 responsible for a region takes the live nodes it knows there, sorted from the region's start in
 the tree's direction, n1..ni, and gives n_j the sub-region [n_j, n_{j+1}) and n_i [n_i, end);
 the node itself takes its own place in that order when it lies inside the region, and the node

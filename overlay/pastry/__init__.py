@@ -1,4 +1,4 @@
-"""Pastry overlay (Rowstron & Druschel 2001; MSPastry 2003; FreePastry 2.1) — DESIGN §2.2.
+"""Pastry overlay (Rowstron & Druschel 2001; MSPastry 2003; FreePastry 2.1); docs/pastry.md.
 
 Public names: :class:`PastryCore` (the sans-io node), :class:`PastryConfig`, :func:`build_oracle`
 (steady state for large simulations), and the building blocks :class:`LeafSet`,

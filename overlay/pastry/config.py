@@ -1,6 +1,6 @@
 """Pastry configuration: one attrs class, units in names, every default cites its source.
 
-Theory of operation: :class:`PastryConfig` gathers the knobs of DESIGN §2.2 — table geometry
+Theory of operation: :class:`PastryConfig` gathers the knobs of docs/pastry.md — table geometry
 (b, leaf-set size), the leaf-set liveness protocol (FreePastry's ``PeriodicLeafSetProtocol``:
 neighbour heartbeats every 20 s with a 30 s lease), routing-table maintenance (lazy repair plus
 a periodic row exchange every 900 s, FreePastry ``pastry_routeSetMaintFreq``), partition healing
@@ -48,12 +48,12 @@ def _pastry_proximity() -> ProximityConfig:
 
 @attrs.frozen
 class PastryConfig:
-    """Every Pastry knob (DESIGN §2.2). All times are seconds of the runtime's clock."""
+    """Every Pastry knob (docs/pastry.md). All times are seconds of the runtime's clock."""
 
     #: bits per digit; 16 columns per row (Rowstron & Druschel 2001 §2.1; FreePastry
     #: ``pastry_rtBaseBitLength = 4``).
     b_bits: int = attrs.field(default=4, validator=_b_bits)
-    #: leaf-set size L, L/2 each side (DESIGN §2.2: 16; FreePastry ``pastry_lSetSize = 24``).
+    #: leaf-set size L, L/2 each side (ours: 16; FreePastry ``pastry_lSetSize = 24``).
     leaf_set_size: int = attrs.field(default=16, validator=_leaf_size)
 
     # ---- leaf-set liveness (FreePastry PeriodicLeafSetProtocol; MSPastry §3.2)
@@ -65,7 +65,7 @@ class PastryConfig:
     neighbor_lease_s: float = attrs.field(default=30.0, validator=_positive)
     #: how often leases are checked (a local timer only; no messages). Half the heartbeat
     #: period keeps detection within lease + 10 s (our choice, so that a crash is repaired
-    #: in < 60 s: DESIGN/issue 2 "after 60 virtual seconds").
+    #: in < 60 s, the bound tests/test_pastry_network.py checks after a crash).
     lease_check_interval_s: float = attrs.field(default=10.0, validator=_positive)
     #: when a failure is detected, other leaf-set members not heard from for this long are
     #: probed as well (correlated failures; MSPastry §3.2 probes on suspicion).
@@ -119,7 +119,7 @@ class PastryConfig:
     #: (empty slots are filled at once; leaf-set members are measured by the join itself).
     join_probe_budget: int = attrs.field(default=16, validator=_non_negative_int)
 
-    # ---- oracle build (steady state computed directly, DESIGN §3)
+    # ---- oracle build (steady state computed directly, ``build="oracle"``; docs/pastry.md)
     #: random candidates sampled per routing-table slot in the first pass; the lowest RTT
     #: wins (PNS). 8 + two refinement rounds ≈ exhaustive PNS on transit-stub at ~1.2x the
     #: CPU of a 16-sample alone (N = 10^4: RDP 1.47 vs 3.1).

@@ -1,7 +1,7 @@
 """PastryCore: the sans-io Pastry node — routing state, routing decision, state mutation.
 
-Theory of operation (DESIGN §2.2; Rowstron & Druschel 2001 §2.2 "routing"; MSPastry, Castro et
-al. 2003 §3; butt-2006 §2.3):
+Theory of operation (Rowstron & Druschel 2001 §2.2 "routing"; MSPastry, Castro et al. 2003 §3;
+Butt et al. 2006 §2.3):
 
 * **Routing** (:meth:`PastryCore.next_hop`, the simulator's hot path). If the key lies in the
   leaf-set range, the node numerically closest among leaf set ∪ self is responsible: deliver here

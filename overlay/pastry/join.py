@@ -1,7 +1,7 @@
 """The Pastry join: routed join request, row collection, consistent-join readiness, retries.
 
 Theory of operation (Rowstron & Druschel 2001 §2.4 "node arrival"; MSPastry, Castro et al. 2003
-§3.1 "consistent join"; FreePastry ``ConsistentJoinProtocol``; DESIGN §2.2):
+§3.1 "consistent join"; FreePastry ``ConsistentJoinProtocol``):
 
 State machine of the joiner, as data (:class:`JoinState`)::
 

@@ -1,6 +1,6 @@
 """The Pastry leaf set: the L/2 numerically closest nodes on each side of this node.
 
-Theory of operation (Rowstron & Druschel 2001 §2.1, §2.5; butt-2006 §2.3 "a leaf set, which
+Theory of operation (Rowstron & Druschel 2001 §2.1, §2.5; Butt et al. 2006 §2.3 "a leaf set, which
 consists of l nodes with nodeIds that are numerically closest to the present node's nodeId, with
 l/2 larger and l/2 smaller"):
 
@@ -76,7 +76,10 @@ class LeafSet:
         return len(self.ccw) < self.half or e < self._ccwd[-1]
 
     def in_range(self, key: int) -> bool:
-        """Is ``key`` on the arc ccw-extreme → owner → cw-extreme (DESIGN §2.2 routing)?"""
+        """Is ``key`` on the arc ccw-extreme → owner → cw-extreme?
+
+        The leaf-set range test of Pastry routing (Rowstron & Druschel 2001 §2.2).
+        """
         if self.covers_ring:
             return True
         d = (key - self.oid) % RING

@@ -1,6 +1,6 @@
 """Pastry maintenance: leaf-set liveness and repair, routing-table repair, partition healing.
 
-Theory of operation (DESIGN §2.2; Rowstron & Druschel 2001 §2.5 "node departure"; MSPastry,
+Theory of operation (Rowstron & Druschel 2001 §2.5 "node departure"; MSPastry,
 Castro et al. 2003 §3.2–3.3; FreePastry ``PeriodicLeafSetProtocol``, ``PartitionHandler``).
 The budget is MSPastry's: < 0.5 messages/s/node at steady state, so nothing here pings all L
 leaves periodically.

@@ -1,7 +1,7 @@
 """Oracle build: compute a Pastry ring's steady state directly (no messages).
 
-Theory of operation (DESIGN §3 ``build="oracle"``; FreePastry's direct simulator builds rings
-by joins, which is what ``build="joins"`` reproduces — this module is the shortcut for 10^5+
+Theory of operation (``Network.spawn(..., build="oracle")``; FreePastry's direct simulator builds
+rings by joins, which is what ``build="joins"`` reproduces — this module is the shortcut for 10^5+
 nodes). With the ids sorted:
 
 * **Leaf sets** are the L/2 successors and L/2 predecessors of each node in sorted order
@@ -9,7 +9,7 @@ nodes). With the ids sorted:
 * **Routing tables, pass 1 (sampled PNS).** Ids sharing a prefix form one contiguous run of the
   sorted list, so the candidates for slot R[l][c] of node x are the ids in
   ``[prefix_l(x)·c·0…, prefix_l(x)·c·f…]``, found with two bisections. Proximity neighbour
-  selection (Castro et al. 2002, DESIGN §2.2) picks the lowest ``rtt_s(x, y)`` from a bounded
+  selection (Castro et al. 2002) picks the lowest ``rtt_s(x, y)`` from a bounded
   random sample of ``oracle_pns_sample`` candidates. Rows stop at the first one where x is alone
   in its prefix run.
 * **Pass 2 (nearby-node refinement, ``oracle_refine_rounds``).** A random sample rarely holds

@@ -1,13 +1,13 @@
 """The Pastry routing table: 160/b rows of 2**b columns, rows allocated lazily.
 
-Theory of operation (Rowstron & Druschel 2001 §2.1; butt-2006 §2.3): row ``l`` holds nodes that
-share exactly ``l`` leading digits with this node; column ``c`` of that row holds a node whose
-digit ``l`` is ``c``. The column equal to our own digit stays empty (we are that entry). With
-N nodes only about log_{2^b} N rows are populated, so rows are ``None`` until the first entry
-arrives (DESIGN §2.2 "rows allocated lazily") — a 10^5-node simulation keeps ~5 rows per node.
+Theory of operation (Rowstron & Druschel 2001 §2.1; Butt et al. 2006 §2.3): row ``l`` holds nodes
+that share exactly ``l`` leading digits with this node; column ``c`` of that row holds a node whose
+digit ``l`` is ``c``. The column equal to our own digit stays empty (we are that entry). With N
+nodes only about log_{2^b} N rows are populated, so rows are ``None`` until the first entry arrives
+(rows are allocated lazily) — a 10^5-node simulation keeps ~5 rows per node.
 
 Which node fills a slot is decided by the core's proximity neighbour selection (PNS, Castro et
-al. 2002; DESIGN §2.2: a candidate replaces an entry only if its measured minimum RTT is lower);
+al. 2002; docs/pastry.md: a candidate replaces an entry only if its measured minimum RTT is lower);
 this module only stores entries and answers structural questions quickly.
 """
 

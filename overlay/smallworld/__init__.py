@@ -1,4 +1,4 @@
-"""Brunet/Symphony-style small-world ring behind the common KBR API (DESIGN §2.3).
+"""Brunet/Symphony-style small-world ring behind the common KBR API (Kleinberg 2000).
 
 ``SmallWorldCore(runtime, handle, config)`` is the sans-io node; ``SmallWorldConfig`` its one
 configuration object; ``build_oracle(cores, rtt_s)`` installs the steady state directly for

@@ -1,4 +1,4 @@
-"""Configuration of the small-world ring (DESIGN §2.3).
+"""Configuration of the small-world ring (docs/smallworld.md).
 
 Every knob of :class:`~overlay.smallworld.core.SmallWorldCore` lives here, with its unit in
 the name and the source of its default next to it. The routing-reliability knobs shared with
@@ -38,25 +38,25 @@ class SmallWorldConfig:
     """Knobs of the Brunet/Symphony-style ring. Defaults cite where they come from."""
 
     #: near connections kept on each side of the ring. Brunet
-    #: ``StructuredNearConnectionOverlord.DESIRED_NEIGHBORS = 2``; DESIGN §2.3.
+    #: ``StructuredNearConnectionOverlord.DESIRED_NEIGHBORS = 2``.
     near_per_side: int = attrs.field(default=2, validator=_at_least(1))
     #: shortcuts wanted = ceil(shortcut_factor · log2 N̂). Brunet
-    #: ``StructuredShortcutConnectionOverlord.DesiredShortcuts`` (0.5·log N); DESIGN §2.3.
+    #: ``StructuredShortcutConnectionOverlord.DesiredShortcuts`` (0.5·log N).
     shortcut_factor: float = attrs.field(default=0.5, validator=_at_least(0.0))
     #: no shortcuts while N̂ is at most this ("no shortcuts for networks smaller than 10 nodes",
-    #: Brunet DesiredShortcuts); DESIGN §2.3.
+    #: Brunet DesiredShortcuts).
     shortcut_min_network: float = attrs.field(default=10.0, validator=_at_least(0.0))
     #: surplus own shortcuts tolerated before trimming (hysteresis: N̂ from 2·near gaps is
     #: noisy, so the wanted count wobbles by one; Brunet likewise trims only clear surpluses).
     shortcut_slack: int = attrs.field(default=1, validator=_at_least(0))
     #: the greedy TTL is max(ttl_min_hops, ceil((ln N̂) ** ttl_exponent)). Brunet uses
-    #: (ln N)^3; DESIGN §2.3. The floor keeps tiny rings (N̂ < 10) routable.
+    #: (ln N)^3. The floor keeps tiny rings (N̂ < 10) routable.
     ttl_exponent: float = attrs.field(default=3.0, validator=_at_least(1.0))
     ttl_min_hops: int = attrs.field(default=16, validator=_at_least(1))
     #: period of the maintenance tick (trim, repair, shortcut top-up, idle pings). Brunet's
     #: overlords run on the node heartbeat and retry every 10 s; half that keeps repair fast.
     maintenance_interval_s: float = attrs.field(default=5.0, validator=_positive)
-    #: a connection silent for this long is pinged (Brunet edge keep-alive; DESIGN §2.3).
+    #: a connection silent for this long is pinged (Brunet edge keep-alive).
     idle_ping_s: float = attrs.field(default=15.0, validator=_positive)
     #: ask the nearest neighbour on each side for its view of our neighbourhood this often,
     #: even when nothing looks wrong (Chord-style stabilization; catches lost Link messages).
@@ -68,7 +68,7 @@ class SmallWorldConfig:
     join_retries: int = attrs.field(default=4, validator=_at_least(0))
     #: after the join reply, wait at most this long for the near neighbours' LinkAcks.
     join_link_timeout_s: float = attrs.field(default=3.0, validator=_positive)
-    #: largest node list accepted in a reply (bigger ones are malformed input, DESIGN §2.7).
+    #: largest node list accepted in a reply (ours: bigger ones are malformed input).
     max_reply_nodes: int = attrs.field(default=32, validator=_at_least(1))
     #: run the periodic maintenance tick at all (huge oracle-built benchmarks may turn it off:
     #: with it on, every connection is pinged once per idle period).

@@ -1,6 +1,6 @@
 """SmallWorldCore: the Brunet/Symphony small-world ring behind the common KBR API.
 
-Theory of operation (DESIGN §2.3; PonD §2.2; Kleinberg 2000; Symphony, Manku et al. 2003;
+Theory of operation (PonD §2.2; Kleinberg 2000; Symphony, Manku et al. 2003;
 Brunet's StructuredNode with its near and shortcut connection overlords):
 
 * **State.** A :class:`~overlay.smallworld.connections.ConnectionTable`: ``near_per_side`` near

@@ -1,6 +1,6 @@
 """Network-size estimate, shortcut count, greedy TTL and the Kleinberg distance draw.
 
-Theory of operation (DESIGN §2.3; Kleinberg 2000; Symphony, Manku et al. 2003; Brunet):
+Theory of operation (Kleinberg 2000; Symphony, Manku et al. 2003; Brunet, Boykin et al.):
 
 * **Size estimate.** Ids are uniform on the ring, so the gaps between consecutive nodes average
   2^160 / N. A node sees ``2·near_per_side`` gaps at once: from its farthest left near

@@ -1,6 +1,6 @@
 """Joining the small-world ring: a small state machine per joining node.
 
-Theory of operation (DESIGN §2.3; PonD §2.2; Brunet's leaf → structured connection bootstrap):
+Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstrap):
 
 ::
 

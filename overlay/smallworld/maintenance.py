@@ -1,6 +1,6 @@
 """Periodic maintenance of the small-world ring: one timer per node.
 
-Theory of operation (DESIGN §2.3; Brunet's StructuredNearConnectionOverlord and
+Theory of operation (docs/smallworld.md; Brunet's StructuredNearConnectionOverlord and
 StructuredShortcutConnectionOverlord, which run on the node heartbeat):
 
 Every ``maintenance_interval_s`` a ready node

@@ -19,8 +19,8 @@ Theory of operation (Brunet's linking protocol, simplified to datagrams; PonD §
   requester's true neighbour on that side (Brunet's left/right delivery modes). That node
   answers with ``NearReply`` (the nodes it knows closest to the requester) and links the
   requester. Its first hop is the requester's current nearest neighbour on that side, so
-  the common case — refilling the second near connection — is the "walk 2 hops in that
-  direction" of DESIGN §2.3; a wide gap left by several failures is crossed by shortcuts.
+  the common case — refilling the second near connection — takes two hops; a wide gap left
+  by several failures is crossed by shortcuts.
 """
 
 from __future__ import annotations

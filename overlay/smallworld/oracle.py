@@ -1,8 +1,8 @@
 """Oracle build: the steady-state small-world ring computed directly, for large simulations.
 
-Theory of operation (DESIGN §2.3, §3 ``build="oracle"``; PondSim builds its 10^6-node rings the
-same way): instead of N sequential joins, every node gets the connection table the protocol
-converges to, without sending a message:
+Theory of operation (``Network.spawn(..., build="oracle")``, docs/smallworld.md; PondSim builds its
+10^6-node rings the same way): instead of N sequential joins, every node gets the connection table
+the protocol converges to, without sending a message:
 
 * **near connections**: the ``near_per_side`` nodes before and after it in sorted id order;
 * **N̂**: from the spread of those near connections, with the protocol's own estimator;

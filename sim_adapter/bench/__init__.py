@@ -30,6 +30,7 @@ BENCH_MODULES = (
     "sim_adapter.bench.flock",
     "sim_adapter.bench.query",
     "sim_adapter.bench.failover",
+    "sim_adapter.bench.pools",
 )
 
 

@@ -1,8 +1,8 @@
-"""``flockring bench multicast``: full-ring counting queries (issue 5 figures).
+"""``flockring bench multicast``: full-ring counting queries (docs/multicast.md, "Measured").
 
 Builds a ring by oracle (steady state, nothing sent), then runs Q counting map-reduce queries
 over the whole ring from random live roots with the real multicast protocol
-(overlay/multicast.py) and reports the virtual query latency (mean, p50, max), tree depth,
+(overlay/multicast/) and reports the virtual query latency (mean, p50, max), tree depth,
 messages per query, correctness of the count and the wall time per query.
 
 PonD's simulator (PondSim, Lee et al. HPDC 2012 §4.2.1) reports 11.0, 16.1, 21.6 and 26.9 s

@@ -1,4 +1,4 @@
-"""``flockring bench pastry``: Pastry routing in the simulator (issue 2 figures)."""
+"""``flockring bench pastry``: Pastry routing in the simulator (docs/pastry.md)."""
 
 from __future__ import annotations
 

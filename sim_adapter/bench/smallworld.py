@@ -1,8 +1,8 @@
-"""``flockring bench smallworld``: the small-world ring in the simulator (issue 4 figures).
+"""``flockring bench smallworld``: the small-world ring in the simulator (docs/smallworld.md).
 
-Same phases and fields as ``flockring bench pastry`` (see ``bench_overlay.py``): build (real
-joins or the oracle), an optional quiet period (maintenance msg/s/node), then M lookups checked
-against the brute-force oracle, with hops, RDP and messages per lookup.
+Same phases and fields as ``flockring bench pastry`` (see :mod:`sim_adapter.bench.overlay`): build
+(real joins or the oracle), an optional quiet period (maintenance msg/s/node), then M lookups
+checked against the brute-force oracle, with hops, RDP and messages per lookup.
 """
 
 from __future__ import annotations

@@ -1,0 +1,603 @@
+"""Self-organizing flock of Condor pools: TTL announcements, the willing list, the Flocking
+Manager (Butt et al. 2006 §3.2, §4.1; Butt et al. 2003 §3.2).
+
+Theory of operation. One :class:`Flock` runs on each pool's central manager, as an application
+on the node's overlay core (Pastry or the small-world ring):
+
+* **Information Gatherer, sending side.** Every ``announce_period_s`` (jittered, so pools do
+  not synchronise) a pool with free machines announces them "to all the pools specified in its
+  routing table, starting from the first row and going downwards" (§3.2.1): row 0 first, each
+  copy carrying its row. On the small-world ring, which has no rows, it announces to all its
+  connections. Before sending, the Policy Manager decides what each receiver is offered (the
+  sender-side check of §3.2, §4.1): pools we do not accept jobs from get nothing, caps and the
+  idle threshold apply. The offer every unnamed pool would get is the *public* announcement —
+  signed once per row, forwardable; a receiver offered something else gets a *tailored* copy
+  addressed to it alone (never forwarded). A pool whose offer fell to zero sends one withdrawal
+  (free = 0) to the receivers it last offered something.
+* **Information Gatherer, receiving side.** A receiver checks shape, the origin signature
+  (``flock_messages``), freshness (not expired, not from the future beyond the allowed clock
+  skew) and the per-origin sequence number (older ⇒ replayed; the same copy again ⇒
+  duplicate); every drop is counted in ``stats``. It forwards while ``ttl - hops - 1 > 0`` —
+  on Pastry to the nodes of the *same row* of its own table (§3.2.2), on the small-world ring to
+  all its connections — whatever its own policy says ("in either case, the announcement is
+  forwarded in accordance with the TTL", §4.1). Then its Policy Manager decides
+  (``announce-from``); if allowed, the origin enters ``willing_list[row]`` (Pastry: the origin's
+  row; small world: the number of forwarding hops). Origins without a measured RTT are probed
+  through the core's proximity (§4.1: "pinging the nodes on the list").
+* **Willing list** (``willing.py``): sublists in the total order (RTT rounded to a tolerance,
+  more free machines first, seeded random); entries expire when the origin's offer does.
+* **Flocking Manager.** Every ``manager_period_s``: local idle jobs exceeding free local
+  machines ⇒ flocking on, targets = the willing list flattened nearest first, keeping only
+  pools with free machines that the ``flock-to`` policy and the learned blacklist admit; free
+  machines exceeding idle jobs (underused) ⇒ off; equal ⇒ unchanged (a hysteresis band, so a
+  full pool with an empty queue does not toggle HTCondor's configuration). A new
+  :class:`~discovery.decision.FlockDecision` (next ``seq``) is published only when the
+  configuration it renders (on/off and the ordered collectors) changes.
+
+Defaults (Butt et al. 2006 §5.1.1 and §5.2.1 ran TTL 1, announcement validity 1 min and a
+Flocking Manager period of 1 min; the papers say only "periodically" for announcements — see
+:class:`FlockConfig` for the period chosen here and why).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from discovery.decision import FlockDecision, FlockTarget
+from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
+from discovery.flock_messages import (
+    PUBLIC_KEY_BYTES,
+    SIGNATURE_BYTES,
+    AnnounceSigner,
+    FlockAnnounce,
+    KeyCache,
+    sign_announce,
+    verify_announce,
+)
+from discovery.policy import ANNOUNCE_FROM, Peer, Policy, collector_host
+from discovery.willing import WillingEntry, WillingList
+from overlay.errors import ConfigError
+from overlay.handle import NodeHandle
+from overlay.ids import ID_BITS, NodeId
+from overlay.kbr import BaseApplication, KbrCore
+from overlay.runtime import Timer
+
+__all__ = [
+    "FLOCK_APP",
+    "Flock",
+    "FlockConfig",
+    "IdleAwarePool",
+    "PoolView",
+]
+
+log = logging.getLogger(__name__)
+
+#: the application name a Flock registers on its core
+FLOCK_APP = "flock"
+
+_MAX_TEXT = 255  # longest collector / pool name accepted from the network
+
+
+class _Origin:
+    """Replay / duplicate state of one origin: its newest sequence number and, for that
+    number, the most remaining TTL seen per copy kind (row, tailored). Most origins reach a
+    receiver as one kind, so the first is kept in two slots and a dict only holds the rest
+    (thousands of these live on every simulated node)."""
+
+    __slots__ = ("k0", "more", "r0", "seq", "tailored", "until")
+
+    def __init__(self, seq: int, until: float) -> None:
+        self.seq = seq
+        self.until = until
+        self.tailored = False
+        self.k0 = -1
+        self.r0 = 0
+        self.more: dict[int, int] | None = None
+
+    def seen(self, kind: int) -> int | None:
+        if kind == self.k0:
+            return self.r0
+        return None if self.more is None else self.more.get(kind)
+
+    def mark(self, kind: int, remaining: int) -> None:
+        if self.k0 < 0 or kind == self.k0:
+            self.k0, self.r0 = kind, remaining
+        else:
+            if self.more is None:
+                self.more = {}
+            self.more[kind] = remaining
+
+
+class Flock(BaseApplication):
+    """The flock plugin on one central manager's overlay node (sans-io)."""
+
+    def __init__(
+        self,
+        core: KbrCore,
+        pool: PoolView,
+        config: FlockConfig | None = None,
+        *,
+        policy: Policy | None = None,
+        signer: AnnounceSigner | None = None,
+        collector: str = "",
+        pool_name: str = "",
+        clock: Callable[[], float] | None = None,
+        on_decision: Callable[[FlockDecision], object] | None = None,
+        register: bool = True,
+    ) -> None:
+        """``clock`` is the time announcements are stamped and checked with: on live nodes
+        the wall clock (pools compare stamps across machines), by default the runtime's
+        clock (the simulator's virtual time is one clock for every node). ``on_decision`` is
+        called with every newly published decision."""
+        self.core = core
+        self.runtime = core.runtime
+        self.id = core.id
+        self.pool = pool
+        self.config = cfg = config if config is not None else FlockConfig()
+        if cfg.require_signatures and signer is None:
+            raise ConfigError("require_signatures is on but no signer was given")
+        if signer is not None and NodeId.hash_of(signer.public_key) != core.id:
+            raise ConfigError("the signer's public key does not hash to this node's id")
+        if len(collector) > _MAX_TEXT or len(pool_name) > _MAX_TEXT:
+            raise ConfigError("collector and pool_name are limited to 255 characters")
+        self.signer = signer
+        self.collector = collector
+        self.pool_name = pool_name
+        self.clock: Callable[[], float] = clock if clock is not None else self.runtime.now
+        self.on_decision = on_decision
+        self.policy = Policy.allow_all()
+        self._hosts: dict[NodeId, str] = {}  # collector hosts learned from verified announcements
+        self.set_policy(policy if policy is not None else Policy.allow_all())
+        self.stats: Counter[str] = Counter()
+        self.willing = WillingList(cfg.rtt_tolerance_s)
+        self.decision: FlockDecision | None = None
+        self.epoch = 0
+        self._dseq = 0
+        self._republish = False
+        self._pastry = callable(getattr(core, "routing_row", None))
+        b = getattr(getattr(core, "config", None), "b_bits", 4)
+        self._nrows = ID_BITS // b if isinstance(b, int) and b > 0 else ID_BITS
+        self._seq = -1
+        self._origins: dict[NodeId, _Origin] = {}
+        # what each receiver was offered last round (for withdrawals); with a uniform policy
+        # only the one public offer is kept
+        self._last_offer: dict[NodeId, int] = {}
+        self._last_public = 0
+        self._probing: set[NodeId] | None = None  # allocated while probes are in flight
+        self._blacklist: dict[str, float] = {}
+        self._keys = KeyCache()
+        self._timers: list[Timer | None] = [None, None]
+        self._stopped = False
+        if register:
+            core.register(FLOCK_APP, self)
+            core.add_handler(FlockAnnounce, self._on_announce)
+
+    # ------------------------------------------------------------------ control
+    def set_policy(self, policy: Policy) -> None:
+        """Swap in a (fully loaded) policy; refuses one the pool model cannot honour."""
+        if policy.sharing.min_idle_s > 0 and not isinstance(self.pool, IdleAwarePool):
+            raise ConfigError(
+                f"policy {policy.source} sets min_idle_s but the pool model cannot count "
+                "machines by idle time (it has no free_machines_idle_for())"
+            )
+        self.policy = policy
+        if policy.uniform_offer:
+            self._hosts = {}
+
+    def start(self) -> None:
+        """Arm the announcement and manager timers (random first phase within a period)."""
+        rng = self.runtime.rng
+        self._stopped = False
+        self._arm(0, rng.random() * self.config.announce_period_s)
+        self._arm(1, rng.random() * self.config.manager_period_s)
+
+    def stop(self) -> None:
+        """Cancel the timers; receiving stops too."""
+        self._stopped = True
+        for t in self._timers:
+            if t is not None:
+                t.cancel()
+        self._timers = [None, None]
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new manager epoch (failover): decisions restart at seq 0 and the next one is
+        published even if unchanged."""
+        self.epoch = epoch
+        self._dseq = 0
+        self._republish = True
+
+    def _arm(self, which: int, delay_s: float) -> None:
+        fn = self._announce_tick if which == 0 else self._manager_tick
+        self._timers[which] = self.runtime.call_later(delay_s, fn)
+
+    def _period(self, period_s: float) -> float:
+        return period_s * (1.0 - self.config.period_jitter * self.runtime.rng.random())
+
+    def _announce_tick(self) -> None:
+        if self._stopped:
+            return
+        self.announce_now()
+        self._forget_old_origins()
+        self._arm(0, self._period(self.config.announce_period_s))
+
+    def _manager_tick(self) -> None:
+        if self._stopped:
+            return
+        self.decide_now()
+        self._arm(1, self._period(self.config.manager_period_s))
+
+    # ------------------------------------------------------------------ queries
+    def willing_list(self) -> tuple[tuple[WillingEntry, ...], ...]:
+        """The sublists (index = row), each in the willing-list order; expired entries gone."""
+        return self.willing.sublists(self.clock())
+
+    def willing_entries(self) -> list[WillingEntry]:
+        """The willing list flattened, sublist 0 first (nearest first)."""
+        return self.willing.flat(self.clock())
+
+    def blacklist(self) -> dict[str, float]:
+        """Blacklisted pools (node-id hex or collector) → seconds they stay blacklisted."""
+        now = self.runtime.now()
+        self._blacklist = {k: t for k, t in self._blacklist.items() if t > now}
+        return {k: t - now for k, t in self._blacklist.items()}
+
+    # ------------------------------------------------------------------ sending side
+    def _shareable_free(self) -> int:
+        s = self.policy.sharing
+        if s.min_idle_s > 0 and isinstance(self.pool, IdleAwarePool):
+            return max(0, int(self.pool.free_machines_idle_for(s.min_idle_s)))
+        return max(0, int(self.pool.free_machines))
+
+    def _rows(self) -> list[tuple[int, list[NodeHandle]]]:
+        if self._pastry:
+            rr: Callable[[int], list[NodeHandle]] = self.core.routing_row  # type: ignore[attr-defined]
+            return [(r, row) for r in range(self._nrows) if (row := rr(r))]
+        return [(0, self.core.known_nodes())]
+
+    def _peer_of(self, h: NodeHandle) -> Peer:
+        return Peer.from_handle(h, self._hosts.get(h.id, ""))
+
+    def _next_seq(self) -> int:
+        # Milliseconds of the announcement clock, forced strictly increasing: a restarted pool
+        # (whose counter would start again) is not taken for a replayer by its receivers.
+        self._seq = max(self._seq + 1, int(self.clock() * 1000.0))
+        return self._seq
+
+    def announce_now(self) -> int:
+        """One announcement round; returns the number of messages sent."""
+        if self._stopped:
+            return 0
+        cfg = self.config
+        pol = self.policy
+        free = self._shareable_free()
+        public = pol.offer_to(None, free)
+        uniform = pol.uniform_offer
+        last = self._last_offer
+        last_public = self._last_public
+        if public == 0 and not last and last_public == 0 and uniform:
+            return 0  # nothing to offer and nothing to withdraw
+        pool = self.pool
+        idle_jobs = max(0, int(pool.idle_jobs))
+        util = min(1.0, max(0.0, float(pool.utilization)))
+        seq = self._next_seq()
+        issued = self.clock()
+        send = self.runtime.send
+        offers: dict[NodeId, int] = {}
+        sent = 0
+
+        def make(row: int, offer: int, to: NodeId | None, ttl: int) -> FlockAnnounce:
+            m = FlockAnnounce(
+                self.core.handle,
+                b"",
+                self.collector,
+                self.pool_name,
+                offer,
+                idle_jobs,
+                util,
+                issued,
+                cfg.validity_s,
+                ttl,
+                row,
+                seq,
+                to,
+                b"",
+            )
+            return sign_announce(m, self.signer) if self.signer is not None else m
+
+        for row, handles in self._rows():
+            pub_msg: FlockAnnounce | None = None
+            for h in handles:
+                if h.id == self.id:
+                    continue
+                o = public if uniform else pol.offer_to(self._peer_of(h), free)
+                before = last.get(h.id, last_public)
+                if o == public:
+                    if public == 0 and (before == 0 or not cfg.withdraw):
+                        continue
+                    if pub_msg is None:
+                        pub_msg = make(row, public, None, cfg.ttl)
+                    send(h, pub_msg)
+                else:
+                    if o == 0 and (before == 0 or not cfg.withdraw):
+                        continue
+                    send(h, make(row, o, h.id, 1))
+                    self.stats["sent_tailored"] += 1
+                sent += 1
+                if o > 0 and not uniform:
+                    offers[h.id] = o
+        self._last_offer = offers
+        self._last_public = public if uniform else 0
+        self.stats["sent"] += sent
+        return sent
+
+    # ------------------------------------------------------------------ receiving side
+    def _bad_shape(self, m: FlockAnnounce) -> bool:
+        o = m.origin
+        return not (
+            type(o) is NodeHandle
+            and isinstance(o.id, NodeId)
+            and isinstance(o.address, (int, str))
+            and 0 <= m.free_machines < 1 << 31
+            and 0 <= m.idle_jobs < 1 << 40
+            and 0.0 <= m.utilization <= 1.0
+            and m.valid_for_s > 0.0
+            and m.issued_at_s == m.issued_at_s  # not NaN
+            and abs(m.issued_at_s) < 1e12
+            and 1 <= m.ttl <= self.config.max_ttl
+            and 0 <= m.hops < m.ttl
+            and 0 <= m.row < self._nrows
+            and m.seq >= 0
+            and len(m.collector) <= _MAX_TEXT
+            and len(m.pool_name) <= _MAX_TEXT
+            and len(m.public_key) in (0, PUBLIC_KEY_BYTES)
+            and len(m.signature) in (0, SIGNATURE_BYTES)
+            and (m.to is None or isinstance(m.to, NodeId))
+        )
+
+    def _on_announce(self, src: NodeHandle, m: FlockAnnounce) -> None:
+        st = self.stats
+        if self._stopped:
+            return
+        st["received"] += 1
+        try:
+            bad = self._bad_shape(m)
+        except (TypeError, AttributeError):
+            bad = True
+        if bad:
+            st["malformed"] += 1
+            return
+        oid = m.origin.id
+        if oid == self.id:
+            st["own"] += 1
+            return
+        if m.to is not None and m.to != self.id:
+            st["misdirected"] += 1
+            return
+        if self.config.require_signatures or m.signature or m.public_key:
+            why = verify_announce(m, self._keys)
+            if why is not None and (why != "unsigned" or self.config.require_signatures):
+                st[why] += 1
+                return
+        now = self.clock()
+        expires = m.issued_at_s + min(m.valid_for_s, self.config.max_validity_s)
+        if now >= expires:
+            st["expired"] += 1
+            return
+        if m.issued_at_s > now + self.config.clock_skew_s:
+            st["future"] += 1
+            return
+        o = self._origins.get(oid)
+        if o is None or m.seq > o.seq:
+            o = self._origins[oid] = _Origin(m.seq, expires)
+        elif m.seq < o.seq:
+            st["replayed"] += 1
+            return
+        remaining = m.ttl - m.hops - 1
+        kind = 2 * m.row + (m.to is not None)
+        prev = o.seen(kind)
+        if prev is not None and prev >= remaining:
+            st["duplicate"] += 1
+            return
+        o.mark(kind, remaining)
+        if remaining > 0 and m.to is None:
+            self._forward(src, m)
+        host = collector_host(m.collector)
+        if not self.policy.uniform_offer and self._hosts.get(oid) != host:
+            # host names of the pools we may announce to, for host rules of the sender-side
+            # check (kept only while the policy distinguishes receivers)
+            if len(self._hosts) >= 2 * self.config.max_entries:
+                self._hosts.clear()
+            self._hosts[oid] = sys.intern(host)  # one string for every node that hears it
+        self._store(m, host, expires, o)
+
+    def _forward(self, src: NodeHandle, m: FlockAnnounce) -> None:
+        out = attrs.evolve(m, hops=m.hops + 1)
+        if self._pastry:
+            targets: list[NodeHandle] = self.core.routing_row(m.row)  # type: ignore[attr-defined]
+        else:
+            targets = self.core.known_nodes()
+        oid = m.origin.id
+        send = self.runtime.send
+        n = 0
+        for h in targets:
+            if h.id != oid and h != src and h.id != self.id:
+                send(h, out)
+                n += 1
+        self.stats["forwarded"] += n
+
+    def _store(self, m: FlockAnnounce, host: str, expires: float, o: _Origin) -> None:
+        st = self.stats
+        wl = self.willing
+        oid = m.origin.id
+        peer = Peer.from_handle(m.origin, host)
+        if not self.policy.allows(ANNOUNCE_FROM, peer):
+            st["denied"] += 1
+            wl.remove(oid)
+            return
+        sub = m.row if self._pastry else m.hops
+        slot = wl.slot(oid)
+        if m.to is None and o.tailored:
+            # this round's tailored offer to us outranks the public copies of the same round
+            if slot is not None and slot.seq == m.seq and sub < slot.row:
+                slot.row = sub
+                wl.changed(slot)
+            st["accepted"] += 1
+            return
+        if m.to is not None:
+            o.tailored = True
+        if m.free_machines == 0:
+            if wl.remove(oid):
+                st["withdrawn"] += 1
+            return
+        if slot is None:
+            if len(wl) >= self.config.max_entries:
+                st["full"] += 1
+                return
+            slot = wl.add(m.origin, self.runtime.rng.random())
+        if slot.seq == m.seq:
+            slot.row = min(slot.row, sub)
+        else:
+            slot.row = sub
+        slot.origin = m.origin
+        slot.collector = m.collector
+        slot.pool_name = m.pool_name
+        slot.free_machines = m.free_machines
+        slot.idle_jobs = m.idle_jobs
+        slot.utilization = m.utilization
+        slot.expires_at_s = expires
+        slot.seq = m.seq
+        rtt = self.core.rtt(m.origin)
+        if rtt is not None:
+            slot.rtt_s = rtt
+        elif slot.rtt_s is None:
+            self._probe(m.origin)
+        wl.changed(slot)
+        st["accepted"] += 1
+
+    def _probe(self, h: NodeHandle) -> None:
+        probing = self._probing
+        if probing is None:
+            probing = self._probing = set()
+        elif h.id in probing:
+            return
+        probing.add(h.id)
+
+        def done(rtt: float | None) -> None:
+            p = self._probing
+            if p is not None:
+                p.discard(h.id)
+                if not p:
+                    self._probing = None
+            s = self.willing.slot(h.id)
+            if self._stopped or s is None:
+                return
+            if rtt is None:
+                self.willing.remove(h.id)
+                self.stats["probe_dead"] += 1
+                return
+            best = self.core.rtt(h)
+            s.rtt_s = best if best is not None else rtt
+            self.willing.changed(s)
+
+        self.stats["probes"] += 1
+        self.core.probe(h, done)
+
+    def _forget_old_origins(self) -> None:
+        # Any copy of a sequence number whose offer has expired would be dropped as expired,
+        # so its replay state is no longer needed.
+        now = self.clock()
+        if len(self._origins) > len(self.willing) + 64:
+            self._origins = {k: o for k, o in self._origins.items() if o.until > now}
+
+    # ------------------------------------------------------------------ Flocking Manager
+    def report_failure(self, pool: NodeId | str, reason: str = "") -> None:
+        """A pool accepted our jobs and then failed or evicted them: skip it for the policy's
+        ``blacklist_s`` (Butt et al. 2006 §3.2.1). ``pool`` is a node id or a collector."""
+        key = f"{int(pool):040x}" if isinstance(pool, NodeId) else str(pool).strip().lower()
+        self._blacklist[key] = self.runtime.now() + self.policy.sharing.blacklist_s
+        self.stats["blacklisted"] += 1
+        log.info(
+            "flock: blacklisted %s for %.0f s (%s)",
+            key,
+            self.policy.sharing.blacklist_s,
+            reason or "failure reported",
+        )
+        if self.decision is not None and self.decision.enabled:
+            self.decide_now()
+
+    def _is_blacklisted(self, e: WillingEntry, now: float) -> bool:
+        bl = self._blacklist
+        if not bl:
+            return False
+        for key in (f"{int(e.origin.id):040x}", e.collector.strip().lower()):
+            t = bl.get(key)
+            if t is not None and t > now:
+                return True
+        return False
+
+    def targets(self) -> tuple[FlockTarget, ...]:
+        """The ordered flock targets the willing list gives now (nearest first): pools with
+        free machines that the flock-to policy admits and that are not blacklisted."""
+        now = self.runtime.now()
+        out: list[FlockTarget] = []
+        pol = self.policy
+        cap = self.config.max_targets
+        for e in self.willing.flat(self.clock()):
+            if e.free_machines <= 0 or not e.collector or self._is_blacklisted(e, now):
+                continue
+            if not pol.may_flock_to(Peer.from_handle(e.origin, collector_host(e.collector))):
+                continue
+            out.append(
+                FlockTarget(
+                    f"{int(e.origin.id):040x}",
+                    e.collector,
+                    e.pool_name,
+                    e.rtt_s,
+                    e.free_machines,
+                    e.row,
+                )
+            )
+            if cap is not None and len(out) >= cap:
+                break
+        return tuple(out)
+
+    def decide_now(self) -> FlockDecision:
+        """One Flocking Manager pass; returns the current decision (published if changed)."""
+        idle = int(self.pool.idle_jobs)
+        free = int(self.pool.free_machines)
+        prev = self.decision
+        if idle > free:
+            enabled = True
+        elif free > idle:
+            enabled = False
+        else:  # neither overloaded nor underused: keep the current state
+            enabled = prev.enabled if prev is not None else False
+        targets = self.targets() if enabled else ()
+        same = (
+            prev is not None
+            and not self._republish
+            and prev.enabled == enabled
+            and [(t.node_id, t.collector) for t in prev.targets]
+            == [(t.node_id, t.collector) for t in targets]
+        )
+        if same and prev is not None:
+            return prev
+        self._dseq += 1
+        self._republish = False
+        d = FlockDecision(enabled, targets, self.runtime.now(), self.epoch, self._dseq)
+        self.decision = d
+        self.stats["decisions"] += 1
+        if self.on_decision is not None:
+            self.on_decision(d)
+        return d
+
+    # ------------------------------------------------------------------ KBR upcalls
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """Nothing is routed to the flock application by key; stray payloads are counted."""
+        self.stats["stray_payload"] += 1

@@ -1,0 +1,208 @@
+"""The flock announcement message and its origin signature (wire tags 110–129).
+
+Theory of operation (Butt et al. 2006 §3.2.1, §3.2.2, §4.1): a pool with free machines sends
+an announcement — who it is, how to reach its collector, what it offers, how long the offer is
+valid, its TTL and the routing-table row it used — to the pools of its routing table; receivers
+forward it while the TTL allows. Because forwarded copies travel through other pools, the
+*origin* signs the announcement (its hop-by-hop transport signature would only vouch for the
+last forwarder):
+
+* the signature is Ed25519 (``cryptography``) over a canonical msgpack encoding of every field
+  the origin sets (:func:`signed_bytes`), prefixed with a domain string so that it can never be
+  mistaken for a signature over some other structure;
+* the announcement carries the origin's raw public key; a receiver checks that
+  ``SHA-1(public key)`` is the origin's node id (ids are self-certifying, see
+  ``overlay/identity.py``), so nobody can announce for a pool whose key it does not hold;
+* ``hops`` is the one field a forwarder changes and so the one field outside the signature —
+  as IPsec AH leaves IP's TTL out of its integrity check (RFC 4302 §3.3.3.1.1.1). A forwarder
+  that lies about ``hops`` can at most change how much further honest pools forward it, which
+  the signed ``ttl`` still bounds;
+* freshness: ``issued_at_s`` (origin clock) + ``valid_for_s`` bounds the life of a copy, and a
+  per-origin sequence number makes a replayed older copy detectable (see ``announce.py``).
+
+In the simulator signing may be switched off for speed (no key, empty signature); a receiver
+with ``require_signatures`` drops unsigned announcements.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+import attrs
+import msgpack
+
+from overlay.handle import NodeHandle
+from overlay.ids import NodeId
+from overlay.messages import Message, register
+
+__all__ = [
+    "ANNOUNCE_DOMAIN",
+    "AnnounceSigner",
+    "FlockAnnounce",
+    "IdentitySigner",
+    "KeyCache",
+    "sign_announce",
+    "signed_bytes",
+    "verify_announce",
+]
+
+#: prefix of the signed bytes (domain separation: a signature over an announcement can never
+#: verify as a signature over anything else the project signs)
+ANNOUNCE_DOMAIN = b"flockring/flock-announce/v1"
+
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+
+@register(110)
+@attrs.frozen(slots=True)
+class FlockAnnounce(Message):
+    """A pool's resource announcement (Butt et al. 2006 §3.2, §4.1)."""
+
+    #: the announcing pool's central manager on the overlay (id + address)
+    origin: NodeHandle
+    #: raw Ed25519 public key of the origin (empty when unsigned); SHA-1 of it is ``origin.id``
+    public_key: bytes
+    #: the origin's collector as HTCondor names it (``host`` or ``host:port``): what FLOCK_TO
+    #: lists when we flock there
+    collector: str
+    #: the origin pool's name (informational)
+    pool_name: str
+    #: free machines offered to the receiver (0 withdraws an earlier offer)
+    free_machines: int
+    #: the origin's idle (queued) jobs
+    idle_jobs: int
+    #: the origin's utilization, busy machines / machines, in [0, 1]
+    utilization: float
+    #: origin clock (wall clock on live nodes, virtual time in the simulator) when signed
+    issued_at_s: float
+    #: how long the offer is valid after ``issued_at_s``
+    valid_for_s: float
+    #: the TTL the origin chose (Butt et al. 2006 §3.2.2); receivers forward while
+    #: ``ttl - hops - 1 > 0``
+    ttl: int
+    #: the origin's routing-table row this copy was sent along (Pastry); 0 on the small-world
+    #: ring, where the receiver's sublist is the hop count instead
+    row: int
+    #: per-origin sequence number, the same for every copy of one announcement round
+    seq: int
+    #: the one receiver a tailored offer is meant for (never forwarded); None for the public
+    #: offer that forwarders may pass on
+    to: NodeId | None
+    #: Ed25519 signature of :func:`signed_bytes` (empty when unsigned)
+    signature: bytes
+    #: forwarding hops so far (0 from the origin); mutable, so not signed
+    hops: int = 0
+
+
+def signed_bytes(m: FlockAnnounce) -> bytes:
+    """The canonical bytes the origin signs: every field but ``signature`` and ``hops``."""
+    addr = m.origin.address
+    if not isinstance(addr, (int, str)):
+        addr = str(addr)
+    body = [
+        ANNOUNCE_DOMAIN,
+        int(m.origin.id).to_bytes(20, "big"),
+        addr,
+        m.public_key,
+        m.collector,
+        m.pool_name,
+        m.free_machines,
+        m.idle_jobs,
+        float(m.utilization),
+        float(m.issued_at_s),
+        float(m.valid_for_s),
+        m.ttl,
+        m.row,
+        m.seq,
+        None if m.to is None else int(m.to).to_bytes(20, "big"),
+    ]
+    out: bytes = msgpack.packb(body, use_bin_type=True)
+    return out
+
+
+class AnnounceSigner(Protocol):
+    """What the Flock needs to sign its announcements (inject one per node)."""
+
+    @property
+    def public_key(self) -> bytes:
+        """Raw 32-byte Ed25519 public key; SHA-1 of it must be the node's id."""
+
+    def sign(self, data: bytes) -> bytes:
+        """A 64-byte Ed25519 signature of ``data``."""
+
+
+class IdentitySigner:
+    """An :class:`AnnounceSigner` backed by an ``overlay.identity.Identity``-like object (any
+    object with ``private_key`` (Ed25519) and ``public_bytes``)."""
+
+    __slots__ = ("_key", "_pub")
+
+    def __init__(self, identity: object) -> None:
+        key = getattr(identity, "private_key", None)
+        pub = getattr(identity, "public_bytes", None)
+        if key is None or not isinstance(pub, bytes):
+            raise TypeError("IdentitySigner needs an Identity (private_key, public_bytes)")
+        self._key = key
+        self._pub = pub
+
+    @property
+    def public_key(self) -> bytes:
+        return self._pub
+
+    def sign(self, data: bytes) -> bytes:
+        sig: bytes = self._key.sign(data)
+        return sig
+
+
+def sign_announce(m: FlockAnnounce, signer: AnnounceSigner) -> FlockAnnounce:
+    """``m`` with the signer's public key and a signature over its fields."""
+    m = attrs.evolve(m, public_key=signer.public_key, signature=b"")
+    return attrs.evolve(m, signature=signer.sign(signed_bytes(m)))
+
+
+class KeyCache:
+    """Parsed Ed25519 public keys by raw bytes (a small LRU: parsing costs more than a dict)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._keys: OrderedDict[bytes, object] = OrderedDict()
+
+    def get(self, raw: bytes) -> object:
+        k = self._keys.get(raw)
+        if k is not None:
+            self._keys.move_to_end(raw)
+            return k
+        # imported here: the crypto library loads only on nodes that verify signatures
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        k = Ed25519PublicKey.from_public_bytes(raw)
+        self._keys[raw] = k
+        if len(self._keys) > self.size:
+            self._keys.popitem(last=False)
+        return k
+
+
+def verify_announce(m: FlockAnnounce, keys: KeyCache | None = None) -> str | None:
+    """Check the origin signature. Returns None when valid, else the reason:
+    ``"unsigned"`` (no key or signature), ``"forged"`` (the key does not hash to the origin's
+    id: someone announcing for a pool whose key it does not hold) or ``"tampered"`` (the
+    signature does not verify: a field changed after signing, or a signature not made with
+    the origin's key)."""
+    if not m.public_key or not m.signature:
+        return "unsigned"
+    if len(m.public_key) != PUBLIC_KEY_BYTES or NodeId.hash_of(m.public_key) != m.origin.id:
+        return "forged"
+    if len(m.signature) != SIGNATURE_BYTES:
+        return "tampered"
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        key = (keys or KeyCache(1)).get(m.public_key)
+        key.verify(m.signature, signed_bytes(m))  # type: ignore[attr-defined]
+    except InvalidSignature:
+        return "tampered"
+    except ValueError:  # not a valid curve point
+        return "forged"
+    return None
