@@ -52,8 +52,6 @@ import attrs
 from discovery.decision import FlockDecision, FlockTarget
 from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
 from discovery.flock_messages import (
-    PUBLIC_KEY_BYTES,
-    SIGNATURE_BYTES,
     AnnounceSigner,
     FlockAnnounce,
     KeyCache,
@@ -61,6 +59,7 @@ from discovery.flock_messages import (
     verify_announce,
 )
 from discovery.policy import ANNOUNCE_FROM, Peer, Policy, collector_host
+from discovery.signing import PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from discovery.willing import WillingEntry, WillingList
 from overlay.errors import ConfigError
 from overlay.handle import NodeHandle

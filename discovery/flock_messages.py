@@ -26,12 +26,15 @@ with ``require_signatures`` drops unsigned announcements.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Protocol
-
 import attrs
 import msgpack
 
+from discovery.signing import (
+    Ed25519Signer,
+    KeyCache,
+    Signer,
+    check,
+)
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.messages import Message, register
@@ -50,9 +53,6 @@ __all__ = [
 #: prefix of the signed bytes (domain separation: a signature over an announcement can never
 #: verify as a signature over anything else the project signs)
 ANNOUNCE_DOMAIN = b"flockring/flock-announce/v1"
-
-PUBLIC_KEY_BYTES = 32
-SIGNATURE_BYTES = 64
 
 
 @register(110)
@@ -122,66 +122,19 @@ def signed_bytes(m: FlockAnnounce) -> bytes:
     return out
 
 
-class AnnounceSigner(Protocol):
-    """What the Flock needs to sign its announcements (inject one per node)."""
-
-    @property
-    def public_key(self) -> bytes:
-        """Raw 32-byte Ed25519 public key; SHA-1 of it must be the node's id."""
-
-    def sign(self, data: bytes) -> bytes:
-        """A 64-byte Ed25519 signature of ``data``."""
+#: what the Flock needs to sign its announcements (one signer serves every plugin of a node)
+AnnounceSigner = Signer
 
 
-class IdentitySigner:
-    """An :class:`AnnounceSigner` backed by an ``overlay.identity.Identity``-like object (any
-    object with ``private_key`` (Ed25519) and ``public_bytes``)."""
-
-    __slots__ = ("_key", "_pub")
-
-    def __init__(self, identity: object) -> None:
-        key = getattr(identity, "private_key", None)
-        pub = getattr(identity, "public_bytes", None)
-        if key is None or not isinstance(pub, bytes):
-            raise TypeError("IdentitySigner needs an Identity (private_key, public_bytes)")
-        self._key = key
-        self._pub = pub
-
-    @property
-    def public_key(self) -> bytes:
-        return self._pub
-
-    def sign(self, data: bytes) -> bytes:
-        sig: bytes = self._key.sign(data)
-        return sig
+def IdentitySigner(identity: object) -> Ed25519Signer:
+    """The signer of an ``overlay.Identity`` (see :meth:`Ed25519Signer.from_identity`)."""
+    return Ed25519Signer.from_identity(identity)
 
 
 def sign_announce(m: FlockAnnounce, signer: AnnounceSigner) -> FlockAnnounce:
     """``m`` with the signer's public key and a signature over its fields."""
     m = attrs.evolve(m, public_key=signer.public_key, signature=b"")
     return attrs.evolve(m, signature=signer.sign(signed_bytes(m)))
-
-
-class KeyCache:
-    """Parsed Ed25519 public keys by raw bytes (a small LRU: parsing costs more than a dict)."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._keys: OrderedDict[bytes, object] = OrderedDict()
-
-    def get(self, raw: bytes) -> object:
-        k = self._keys.get(raw)
-        if k is not None:
-            self._keys.move_to_end(raw)
-            return k
-        # imported here: the crypto library loads only on nodes that verify signatures
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-        k = Ed25519PublicKey.from_public_bytes(raw)
-        self._keys[raw] = k
-        if len(self._keys) > self.size:
-            self._keys.popitem(last=False)
-        return k
 
 
 def verify_announce(m: FlockAnnounce, keys: KeyCache | None = None) -> str | None:
@@ -192,17 +145,4 @@ def verify_announce(m: FlockAnnounce, keys: KeyCache | None = None) -> str | Non
     the origin's key)."""
     if not m.public_key or not m.signature:
         return "unsigned"
-    if len(m.public_key) != PUBLIC_KEY_BYTES or NodeId.hash_of(m.public_key) != m.origin.id:
-        return "forged"
-    if len(m.signature) != SIGNATURE_BYTES:
-        return "tampered"
-    from cryptography.exceptions import InvalidSignature
-
-    try:
-        key = (keys or KeyCache(1)).get(m.public_key)
-        key.verify(m.signature, signed_bytes(m))  # type: ignore[attr-defined]
-    except InvalidSignature:
-        return "tampered"
-    except ValueError:  # not a valid curve point
-        return "forged"
-    return None
+    return check(m.public_key, m.signature, signed_bytes(m), m.origin.id, keys)

@@ -35,7 +35,7 @@ from discovery.control import (
     release_info,
 )
 from discovery.failover import Failover, FailoverConfig, ManagerChange
-from discovery.failover_messages import Ed25519Signer
+from discovery.signing import Ed25519Signer
 from discovery.flock_config import FlockConfig, PoolView
 from discovery.machine import MachineAd
 from discovery.pond import PondConfig, PoolOnDemand

@@ -28,16 +28,14 @@ Theory of operation (PonD §3.2, Fig. 4; Ed25519 as everywhere in this project):
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 import attrs
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from discovery.signing import Ed25519Signer, Signer, sign_message, verify_message
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.messages import Message, register
-from overlay.wire import encode_message
 
 __all__ = [
     "DOMAIN",
@@ -147,62 +145,17 @@ class PondLeave(Message):
 PondMessage = PondInvite | PondAnswer | PondAlive | PondDestroy | PondDestroyAck | PondLeave
 
 
-class Signer(Protocol):
-    """Signs this node's pond messages (injectable: the node's identity key on live nodes)."""
-
-    @property
-    def public_key(self) -> bytes:
-        """The raw 32-byte Ed25519 public key (its SHA-1 is this node's id)."""
-        ...
-
-    def sign(self, data: bytes) -> bytes:
-        """An Ed25519 signature of ``data``."""
-        ...
-
-
-class Ed25519Signer:
-    """A :class:`Signer` over an Ed25519 private key (e.g. ``overlay.Identity.private_key``)."""
-
-    __slots__ = ("_key", "public_key")
-
-    def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-        self._key = private_key
-        self.public_key = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-    def sign(self, data: bytes) -> bytes:
-        return self._key.sign(data)
-
-
 M = TypeVar("M", bound=Message)
-
-
-def _evolve(msg: M, **changes: Any) -> M:
-    return attrs.evolve(msg, **changes)
-
-
-def _signed_bytes(msg: Message) -> bytes:
-    return DOMAIN + encode_message(_evolve(msg, sig=b""))
 
 
 def sign(msg: M, signer: Signer) -> M:
     """``msg`` with ``key`` set to the signer's public key and ``sig`` to its signature."""
-    m = _evolve(msg, key=signer.public_key, sig=b"")
-    return _evolve(m, sig=signer.sign(_signed_bytes(m)))
+    return sign_message(msg, signer, DOMAIN)
 
 
 def verify(msg: Message, claimed: NodeId) -> bool:
     """True if ``msg`` carries a key whose hash is ``claimed`` and a valid signature by it."""
-    key: bytes = getattr(msg, "key", b"")
-    sig: bytes = getattr(msg, "sig", b"")
-    if len(key) != 32 or len(sig) != 64 or NodeId.hash_of(key) != claimed:
-        return False
-    try:
-        Ed25519PublicKey.from_public_bytes(key).verify(sig, _signed_bytes(msg))
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+    return verify_message(msg, claimed, DOMAIN)
 
 
 class ReplayWindow:
