@@ -35,12 +35,12 @@ from discovery.control import (
     release_info,
 )
 from discovery.failover import Failover, FailoverConfig, ManagerChange
-from discovery.signing import Ed25519Signer
 from discovery.flock_config import FlockConfig, PoolView
 from discovery.machine import MachineAd
 from discovery.pond import PondConfig, PoolOnDemand
 from discovery.pond_types import PondResult, ReleaseResult
 from discovery.query import QueryConfig, QueryResult, ResourceQuery
+from discovery.signing import Ed25519Signer
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.messages import Message
