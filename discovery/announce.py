@@ -49,6 +49,7 @@ from typing import Any
 
 import attrs
 
+from discovery.condor_syntax import is_valid_contact
 from discovery.decision import FlockDecision, FlockTarget
 from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
 from discovery.flock_messages import (
@@ -370,6 +371,11 @@ class Flock(BaseApplication):
             bad = True
         if bad:
             st["malformed"] += 1
+            return
+        if m.collector and not is_valid_contact(m.collector):
+            # it would end up in FLOCK_TO: only host[:port] contacts (no spaces, newlines or
+            # macro syntax) ever reach HTCondor's configuration
+            st["bad_collector"] += 1
             return
         oid = m.origin.id
         if oid == self.id:

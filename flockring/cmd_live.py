@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import trio
 
+from flockring import node_plugins
 from flockring.cli import CliError
 from flockring.tables import status_rows, status_table
 from overlay.errors import OverlayError
@@ -109,6 +110,9 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
                 node = await nursery.start(host, i)
                 nodes.append(node)
                 await node.join(seeds if (seeds or i == 0) else [nodes[0].address])
+                plugins = node_plugins.attach(args, node, i)
+                if plugins is not None and plugins.flock is not None and args.pool == "condor":
+                    nursery.start_soon(node_plugins.refresh_forever, plugins.flock.pool, 60.0)
                 print(f"NODE {node.id} {node.address}", file=out, flush=True)
         except BaseException:
             for n in nodes:
@@ -409,6 +413,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="send and accept UNSIGNED datagrams (benchmarks only; insecure)",
     )
+    node_plugins.add_arguments(p)
     p.set_defaults(func=cmd_node)
 
     s = subparsers.add_parser("status", help="show a running node's status")

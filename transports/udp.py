@@ -6,10 +6,7 @@ synchronous like a datagram send in the sans-io cores: a full kernel buffer
 (``BlockingIOError``) or any ``OSError`` is counted and the datagram is dropped — exactly the loss
 the overlays already tolerate. Frames over :data:`MAX_FRAME_BYTES` or over the IPv4/IPv6 UDP
 payload bound are never sent. Addresses are ``udp://IP:PORT`` strings (``transports.address``);
-their parsing is cached once per process (a pure function of the string). ``address`` is what
-the endpoint tells peers: the ``advertise`` address when one was given (a socket bound to
-``0.0.0.0`` has no address of its own that peers can reach), else the bound address
-(``bound_address``).
+their parsing is cached once per process (a pure function of the string).
 
 Receiving waits with ``trio.lowlevel.wait_readable`` and then reads with ``recvfrom_into`` into
 one 64 KiB buffer shared by every UDP transport of the process (trio runs one task at a time and
@@ -30,7 +27,7 @@ from typing import Any
 
 import trio
 
-from transports.address import AddressError, advertised_address, format_address, parse_address
+from transports.address import AddressError, format_address, parse_address
 from transports.codec import MAX_FRAME_BYTES
 from transports.endpoint import EndpointMixin
 
@@ -74,33 +71,15 @@ def _parse_dest(address: str) -> tuple[int, tuple[str, int]] | None:
 class UdpTransport(EndpointMixin):
     """A bound UDP endpoint (implements ``transports.base.Transport``)."""
 
-    __slots__ = (
-        "_address",
-        "_bound",
-        "_family",
-        "_max_send",
-        "_recv_buffer",
-        "_std",
-        "closed",
-        "stats",
-    )
+    __slots__ = ("_address", "_family", "_max_send", "_recv_buffer", "_std", "closed", "stats")
 
-    def __init__(
-        self,
-        sock: _stdsocket.socket,
-        recv_buffer: int = MAX_FRAME_BYTES,
-        *,
-        advertise: str | None = None,
-    ) -> None:
+    def __init__(self, sock: _stdsocket.socket, recv_buffer: int = MAX_FRAME_BYTES) -> None:
         if recv_buffer > MAX_FRAME_BYTES:
             raise ValueError(f"recv_buffer may not exceed {MAX_FRAME_BYTES}")
         sock.setblocking(False)
         self._std = sock
         host, port = sock.getsockname()[:2]
-        self._bound = format_address("udp", host, port)
-        self._address = (
-            self._bound if advertise is None else advertised_address(self._bound, advertise)
-        )
+        self._address = format_address("udp", host, port)
         self._family = sock.family
         self._recv_buffer = recv_buffer
         self._max_send = min(MAX_FRAME_BYTES, _UDP_MAX_PAYLOAD)
@@ -109,13 +88,7 @@ class UdpTransport(EndpointMixin):
 
     @property
     def address(self) -> str:
-        """The address peers are told: the advertised one, else the bound one."""
         return self._address
-
-    @property
-    def bound_address(self) -> str:
-        """The address the socket is bound to (may be a wildcard such as ``0.0.0.0``)."""
-        return self._bound
 
     def _sockaddr(self, address: str) -> tuple[str, int] | None:
         try:
@@ -194,16 +167,12 @@ class UdpTransport(EndpointMixin):
 
 @asynccontextmanager
 async def open_udp(
-    address: str = "udp://127.0.0.1:0",
-    *,
-    rcvbuf_bytes: int | None = None,
-    advertise: str | None = None,
+    address: str = "udp://127.0.0.1:0", *, rcvbuf_bytes: int | None = None
 ) -> AsyncIterator[UdpTransport]:
     """Bind a UDP endpoint at ``address`` (``udp://IP:PORT``; port 0 = any) and close it on exit.
 
-    ``advertise``: the address to tell peers (``udp://IP:PORT``, or a bare IP taking the bound
-    port), for a socket bound to a wildcard. Raises :class:`transports.address.AddressError` for
-    a malformed address and ``OSError`` when the address cannot be bound.
+    Raises :class:`transports.address.AddressError` for a malformed address and ``OSError``
+    when the address cannot be bound.
     """
     _, host, port = parse_address(address, "udp")
     fam = _stdsocket.AF_INET6 if ":" in host else _stdsocket.AF_INET
@@ -213,7 +182,7 @@ async def open_udp(
             sock.setsockopt(_stdsocket.SOL_SOCKET, _stdsocket.SO_RCVBUF, rcvbuf_bytes)
         sock.bind((host, port))
         sock.setblocking(False)
-        t = UdpTransport(sock, advertise=advertise)
+        t = UdpTransport(sock)
     except BaseException:
         sock.close()
         raise
