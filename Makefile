@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 
 demo: venv
 	$(VENV)/bin/flockring demo
+	$(VENV)/bin/flockring demo-discovery
 
 lint: venv
 	$(VENV)/bin/ruff check .

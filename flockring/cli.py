@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from overlay.errors import OverlayError
 
 #: modules contributing top-level subcommands; each has ``register(subparsers)``.
-COMMAND_MODULES = ("flockring.cmd_live", "flockring.cmd_discovery", "flockring.cmd_sim")
+COMMAND_MODULES = (
+    "flockring.cmd_live",
+    "flockring.cmd_discovery",
+    "flockring.demo_discovery",
+    "flockring.cmd_sim",
+)
 
 
 class CliError(OverlayError):
