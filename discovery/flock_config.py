@@ -23,15 +23,24 @@ class PoolView(Protocol):
     """What the Flock reads of the local pool (the pool model's ``PoolState`` satisfies it)."""
 
     @property
-    def machines(self) -> int: ...
+    def machines(self) -> int:
+        """Machines in the pool."""
+
     @property
-    def free_machines(self) -> int: ...
+    def free_machines(self) -> int:
+        """Machines free to start a job now."""
+
     @property
-    def idle_jobs(self) -> int: ...
+    def idle_jobs(self) -> int:
+        """Jobs queued and not running."""
+
     @property
-    def running_jobs(self) -> int: ...
+    def running_jobs(self) -> int:
+        """Jobs running."""
+
     @property
-    def utilization(self) -> float: ...
+    def utilization(self) -> float:
+        """Busy fraction of the pool's machines, 0.0-1.0."""
 
 
 @runtime_checkable
@@ -39,7 +48,8 @@ class IdleAwarePool(Protocol):
     """A pool that can count machines idle for at least a given time (needed by a policy with
     ``[sharing] min_idle_s``)."""
 
-    def free_machines_idle_for(self, seconds: float) -> int: ...
+    def free_machines_idle_for(self, seconds: float) -> int:
+        """Free machines that have been idle for at least ``seconds``."""
 
 
 def _probability(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:

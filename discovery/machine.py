@@ -93,6 +93,7 @@ class DictProvider:
         self.values: dict[str, Any] = dict(IDLE_DYNAMICS if values is None else values)
 
     def dynamic(self) -> Mapping[str, Any]:
+        """The dict itself (changes made through :meth:`set` show at the next query)."""
         return self.values
 
     def set(self, **values: Any) -> None:
@@ -180,6 +181,7 @@ class MachineAd:
     # ------------------------------------------------------------------ the pond stamp
     @property
     def claimed(self) -> bool:
+        """Whether the ad carries a pond stamp (the machine belongs to a pond)."""
         return self.stamp is not None
 
     def set_stamp(self, stamp: Stamp) -> None:
@@ -335,4 +337,5 @@ class CondorStartdProvider:
             return False
 
     def dynamic(self) -> Mapping[str, Any]:
+        """The attributes read at the last successful refresh (empty before the first)."""
         return self._snapshot

@@ -262,6 +262,7 @@ class Agreement:
     line: int = 0
 
     def matches(self, peer: Peer) -> bool:
+        """Whether ``peer`` matches any of this agreement's patterns."""
         return any(p.matches(peer) for p in self.peers)
 
 
@@ -274,6 +275,7 @@ class UserRule:
     quota: int | None = None
 
     def matches(self, user: str) -> bool:
+        """Whether ``user`` matches this rule's shell-style ``name`` pattern (case-sensitive)."""
         return fnmatch.fnmatchcase(user, self.name)
 
 

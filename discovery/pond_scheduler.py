@@ -273,15 +273,20 @@ class SimulatedJobQueue:
         return self._next
 
     def idle_jobs(self) -> list[QueuedJob]:
+        """The queued jobs not yet started, by autocluster."""
         return [j for q in self._idle.values() for j, _ in q]
 
     def running_jobs(self) -> list[QueuedJob]:
+        """The jobs running now."""
         return [j for j, _, _ in self._running.values()]
 
     def busy(self, machine: NodeHandle) -> bool:
+        """Whether ``machine`` runs one of this queue's jobs."""
         return machine in self._busy
 
     def negotiate(self, cluster: str, members: Sequence[NodeHandle]) -> None:
+        """Start idle jobs of ``cluster``, oldest first, one on each of ``members`` that runs
+        nothing; each ends after its duration."""
         q = self._idle.get(cluster)
         for m in members:
             if not q:

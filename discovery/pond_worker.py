@@ -52,7 +52,8 @@ class InvitePolicy(Protocol):
     """The local policy's say on invitations: ``allows("invite-from", peer)``, where ``peer``
     is the manager as :func:`peer_of` names it (``discovery.policy.Policy`` fits)."""
 
-    def allows(self, action: str, peer: Any) -> bool: ...
+    def allows(self, action: str, peer: Any) -> bool:
+        """Whether the local policy allows ``action`` (e.g. ``"invite-from"``) with ``peer``."""
 
 
 def peer_of(handle: NodeHandle) -> Any:

@@ -177,6 +177,8 @@ class ClassAdTopK:
     """
 
     def map(self, mc: MulticastHost, arg: Any) -> QueryValue | None:
+        """Evaluate the query on this node's machine ad (None for a malformed argument; a node
+        without the query application counts as visited with no ad)."""
         core = mc.core
         if type(arg) is not QueryArg:
             core.stats["query_bad_arg"] += 1
@@ -187,6 +189,7 @@ class ClassAdTopK:
         return app.evaluate(arg)
 
     def reduce(self, arg: Any, acc: QueryValue, child: Any) -> QueryValue:
+        """Keep the best k matches of both and add up the counters (a bad child is ignored)."""
         if type(child) is not QueryValue or type(arg) is not QueryArg:
             return acc
         return _value(
@@ -197,6 +200,8 @@ class ClassAdTopK:
 
     def done(self, arg: Any, acc: QueryValue) -> bool:
         # First-Fit threshold: at least k distinct matches held (module docstring)
+        """First-Fit: done once at least k distinct matches are held; the best mode never ends
+        early."""
         return type(arg) is QueryArg and arg.mode == "first_fit" and len(acc.matches) >= _k(arg)
 
     def merge(self, arg: Any, a: QueryValue, b: QueryValue) -> QueryValue:

@@ -71,6 +71,7 @@ class WillingEntry:
 
     @property
     def node_id(self) -> NodeId:
+        """The origin's node id (the key of the list)."""
         return self.origin.id
 
 
@@ -143,9 +144,12 @@ class WillingList:
         return iter(self._slots)
 
     def slot(self, oid: NodeId) -> _Slot | None:
+        """The slot of origin ``oid``, or None."""
         return self._slots.get(oid)
 
     def add(self, origin: NodeHandle, tiebreak: float) -> _Slot:
+        """The slot of ``origin``, created with ``tiebreak`` if new (call :meth:`changed` after
+        filling it)."""
         s = self._slots.get(origin.id)
         if s is None:
             s = self._slots[origin.id] = _Slot(origin, tiebreak)
@@ -158,6 +162,7 @@ class WillingList:
             self._next_expiry = s.expires_at_s
 
     def remove(self, oid: NodeId) -> bool:
+        """Drop origin ``oid``'s entry; False if there was none."""
         if self._slots.pop(oid, None) is None:
             return False
         self._view = None

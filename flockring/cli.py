@@ -27,6 +27,7 @@ class CliError(OverlayError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``flockring`` argument parser: every command module's subcommands plus ``bench``."""
     from sim_adapter import bench
 
     p = argparse.ArgumentParser(
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``flockring`` command on ``argv``; return the exit status (errors print one line on
+    stderr)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)

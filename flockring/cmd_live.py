@@ -65,6 +65,16 @@ def _nth_listen(address: str, index: int) -> str:
     return format_address(sch, host, port + index if port else 0)
 
 
+def _nth_advertise(advertise: str | None, listen: str, index: int) -> str | None:
+    """What the index-th node advertises: ``--advertise`` (a bare IP takes the listen scheme;
+    port 0 or none: the bound port), else None (the bound address, if not a wildcard)."""
+    if advertise is None:
+        return None
+    sch = listen.partition("://")[0]
+    text = advertise if "://" in advertise else format_address(sch, advertise.strip("[]"), 0)
+    return _nth_listen(_address(text, "--advertise address"), index)
+
+
 def _open_transport(address: str, tls_key: Any = None) -> Any:
     from transports import open_tcp, open_udp
 
@@ -100,6 +110,7 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
                     ident,
                     signing=not args.no_signing,
                     join_timeout_s=args.join_timeout,
+                    advertise=_nth_advertise(args.advertise, listen, i),
                 )
                 async with node:
                     task_status.started(node)
@@ -386,6 +397,12 @@ def register(subparsers: Any) -> None:
         "--listen",
         default="udp://127.0.0.1:0",
         help="udp://HOST:PORT or tcp://HOST:PORT (port 0: any; default %(default)s)",
+    )
+    p.add_argument(
+        "--advertise",
+        metavar="ADDR",
+        help="the address peers reach this node at (IP, or udp://IP:PORT / tcp://IP:PORT); "
+        "required when --listen is a wildcard such as udp://0.0.0.0:9000",
     )
     p.add_argument(
         "--join",

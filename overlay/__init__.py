@@ -17,6 +17,7 @@ from overlay.errors import (
     NotReadyError,
     OverlayError,
     UnknownApplicationError,
+    WildcardAddressError,
 )
 from overlay.handle import Address, NodeHandle
 from overlay.ids import RING, NodeId
@@ -66,4 +67,5 @@ __all__ = [
     "ProbeError",
     "SmallWorldConfig",
     "UnknownApplicationError",
+    "WildcardAddressError",
 ]

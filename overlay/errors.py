@@ -6,7 +6,7 @@ never raises (it is dropped and counted by the receiver; docs/design.md, "The sa
 
 from __future__ import annotations
 
-from transports.errors import OverlayError
+from transports.errors import OverlayError, WildcardAddressError
 
 __all__ = [
     "ConfigError",
@@ -16,6 +16,7 @@ __all__ = [
     "NotReadyError",
     "OverlayError",
     "UnknownApplicationError",
+    "WildcardAddressError",
 ]
 
 

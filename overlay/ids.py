@@ -74,6 +74,7 @@ class NodeId(int):
     __slots__ = ()
 
     def __new__(cls, value: int) -> NodeId:
+        """Check that ``value`` is an int in [0, 2**160); raise InvalidIdError otherwise."""
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidIdError(f"NodeId needs an int, got {type(value).__name__}")
         if not 0 <= value < RING:
@@ -108,21 +109,27 @@ class NodeId(int):
         return cls(int.from_bytes(hashlib.sha1(data).digest(), "big"))
 
     def to_bytes_be(self) -> bytes:
+        """The id as 20 big-endian bytes."""
         return int(self).to_bytes(ID_BITS // 8, "big")
 
     def digit(self, i: int, b: int = 4) -> int:
+        """Digit ``i`` (most significant first) of the id written in base ``2**b``."""
         return digit(self, i, b)
 
     def shared_prefix_len(self, other: int, b: int = 4) -> int:
+        """Number of leading base-``2**b`` digits this id shares with ``other``."""
         return shared_prefix_len(self, other, b)
 
     def cw_distance(self, other: int) -> int:
+        """Clockwise distance from this id to ``other`` on the ring."""
         return cw_distance(self, other)
 
     def ring_distance(self, other: int) -> int:
+        """Shorter of the two ring distances between this id and ``other``."""
         return ring_distance(self, other)
 
     def is_between(self, begin: int, end: int) -> bool:
+        """Whether this id lies in the clockwise range [begin, end) (the whole ring if equal)."""
         return is_between(self, begin, end)
 
     def short(self) -> str:

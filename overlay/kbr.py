@@ -101,12 +101,15 @@ class BaseApplication:
     """Convenience base: forward unchanged, ignore updates; subclasses override ``deliver``."""
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """Ignore the payload (subclasses override)."""
         return None
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """Forward unchanged along ``next_hop``."""
         return next_hop
 
     def update(self, handle: NodeHandle, joined: bool) -> None:
+        """Ignore neighbour-set changes."""
         return None
 
 
@@ -312,6 +315,7 @@ class KbrCore(abc.ABC):
         self.apps[name] = app
 
     def unregister(self, name: str) -> None:
+        """Remove the application registered under ``name``; a no-op if there is none."""
         self.apps.pop(name, None)
 
     def route(
@@ -348,9 +352,11 @@ class KbrCore(abc.ABC):
         self.runtime.send(dst, DirectMsg(app, payload, self.handle))
 
     def is_responsible(self, key: NodeId) -> bool:
+        """Whether this node is the root for ``key`` (routing would stop here)."""
         return self.next_hop(key) is None
 
     def notify_update(self, h: NodeHandle, joined: bool) -> None:
+        """Tell every registered application that ``h`` joined (True) or left (False)."""
         for a in self.apps.values():
             a.update(h, joined)
 

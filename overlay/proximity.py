@@ -19,6 +19,12 @@ Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 fail
   evicts a live node).
 * ``bad`` is the set of SUSPECTED ∪ DEAD handles; routing consults it on every hop, so it is kept
   as a set rather than derived.
+* The table is bounded by what the owner's routing state references, not by everyone it ever
+  measured: the overlay's maintenance calls :meth:`Proximity.forget_unreferenced` with the
+  handles its tables hold, and a live peer that has stayed out of them for
+  ``forget_unreferenced_s`` (10 min) is forgotten (DEAD verdicts expire on their own after
+  ``dead_memory_s``). Without this, churn leaves every departed neighbour's replacement's
+  predecessor in the table for ever: 23 → 73 entries per node over 95 min while 30 were known.
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ class ProximityConfig:
     probe_retries: int = 3
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
+    #: a live peer no table references is forgotten after this long unreferenced (ours: long
+    #: enough that RTTs measured for a join's or a row refresh's PNS choice are reused, short
+    #: against a node's lifetime; FreePastry keeps proximity only for its table entries)
+    forget_unreferenced_s: float = attrs.field(default=600.0, validator=positive)
 
 
 @register(20)
@@ -134,6 +144,10 @@ class Proximity:
         self.probes_sent = 0
         #: pongs whose nonce was outstanding but came from another id (dropped)
         self.foreign_pongs = 0
+        #: peers found unreferenced by forget_unreferenced, and since when (created on use)
+        self._unreferenced: dict[NodeHandle, float] | None = None
+        #: peers forgotten because no table referenced them
+        self.forgotten = 0
 
     def _bad_add(self, h: NodeHandle) -> None:
         bad = self.bad
@@ -258,6 +272,37 @@ class Proximity:
         for h in gone:
             del self.peers[h]
             self._bad_discard(h)
+
+    def forget_unreferenced(self, referenced: AbstractSet[NodeHandle]) -> int:
+        """Forget live peers outside ``referenced`` (the handles the owner's tables hold) that
+        have stayed outside it for ``forget_unreferenced_s``; returns how many went.
+
+        Called periodically by the overlay's maintenance, every P seconds: a peer is forgotten
+        at the first call at least ``forget_unreferenced_s`` after the first call that found it
+        unreferenced — at most ``forget_unreferenced_s + 2 P`` after its last reference. Peers
+        with a probe in flight and DEAD verdicts (see :meth:`expire_dead`) are left alone.
+        """
+        now = self.runtime.now()
+        limit = self.config.forget_unreferenced_s
+        since = self._unreferenced
+        if since is None:
+            since = self._unreferenced = {}
+        probes = self._probes
+        gone: list[NodeHandle] = []
+        for h, p in self.peers.items():
+            if h in referenced or h in probes or p.state is Liveness.DEAD:
+                since.pop(h, None)
+                continue
+            t0 = since.setdefault(h, now)
+            if now - t0 >= limit - 1e-6:  # a sweep period that divides the limit: no extra round
+                gone.append(h)
+        for h in gone:
+            del since[h]
+            self.forget(h)
+        for h in [h for h in since if h not in self.peers]:
+            del since[h]
+        self.forgotten += len(gone)
+        return len(gone)
 
     def stop(self) -> None:
         """Cancel every in-flight probe (the owner is shutting down); callbacks are not run."""

@@ -28,22 +28,28 @@ from overlay.messages import Message
 class Timer(Protocol):
     """A scheduled callback; ``cancel()`` is idempotent and safe after it fired."""
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Stop the callback from running; a no-op once fired or cancelled."""
 
 
 class Runtime(Protocol):
     """What a core may use: a clock, timers, a datagram send and a seeded generator."""
 
     @property
-    def rng(self) -> random.Random: ...
+    def rng(self) -> random.Random:
+        """The seeded generator every random choice of the core draws from."""
 
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Current time in seconds (virtual under the simulator, monotonic on a live node)."""
 
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer: ...
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        """Run ``fn`` once, ``delay_s`` seconds from now; the returned Timer cancels it."""
 
-    def send(self, dst: NodeHandle, msg: Message) -> None: ...
+    def send(self, dst: NodeHandle, msg: Message) -> None:
+        """Send ``msg`` to ``dst`` as a datagram: never blocks, never raises, may be lost."""
 
-    def send_address(self, address: Address, msg: Message) -> None: ...
+    def send_address(self, address: Address, msg: Message) -> None:
+        """Send ``msg`` to a bare address (bootstrap only, before the peer's id is known)."""
 
 
 class ManualTimer:
@@ -57,6 +63,7 @@ class ManualTimer:
         self.cancelled = False
 
     def cancel(self) -> None:
+        """Mark the timer cancelled; :meth:`ManualRuntime.advance` then skips it."""
         self.cancelled = True
 
 
@@ -76,20 +83,25 @@ class ManualRuntime:
 
     @property
     def rng(self) -> random.Random:
+        """The generator seeded at construction."""
         return self._rng
 
     def now(self) -> float:
+        """The manual clock: moves only in :meth:`advance`."""
         return self._now
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        """Queue ``fn`` at ``now() + max(0, delay_s)``; it fires during a later :meth:`advance`."""
         t = ManualTimer(fn)
         heapq.heappush(self._heap, (self._now + max(0.0, delay_s), next(self._seq), t))
         return t
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
+        """Record ``(dst, msg)`` in ``sent``; nothing is delivered."""
         self.sent.append((dst, msg))
 
     def send_address(self, address: Address, msg: Message) -> None:
+        """Record ``(address, msg)`` in ``sent``; nothing is delivered."""
         self.sent.append((address, msg))
 
     def advance(self, seconds: float) -> None:
@@ -103,5 +115,6 @@ class ManualRuntime:
         self._now = end
 
     def take_sent(self) -> list[tuple[NodeHandle | Address, Message]]:
+        """Return the messages recorded since the last call and clear ``sent``."""
         out, self.sent = self.sent, []
         return out

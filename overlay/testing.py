@@ -112,12 +112,14 @@ class Swarm:
         return best
 
     def by_handle(self, h: NodeHandle) -> Node | None:
+        """The swarm node with ``h``'s id, or None if there is none."""
         for n in self.nodes:
             if n.id == h.id:
                 return n
         return None
 
     def random_key(self) -> NodeId:
+        """A key drawn from the swarm's seeded generator."""
         return NodeId.random(self._rng)
 
     async def settle(self, seconds: float = 5.0) -> None:
@@ -125,6 +127,7 @@ class Swarm:
         await trio.sleep(seconds)
 
     async def aclose(self) -> None:
+        """Make every node leave and close its transport."""
         for n in self.nodes:
             n.leave()
         for n in self.nodes:

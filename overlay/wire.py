@@ -24,6 +24,12 @@ accept any decoded value) and the class is built with its own attrs validators. 
 drops the message and counts it (``bad_message``); nothing raises out of :meth:`Wire.decode`.
 Messages built inside the process are not validated (mypy checks them; the 10^6-node simulator
 cannot afford it — see ``overlay/messages.py``). Checkers are compiled once per class.
+
+Ids and handles are interned, and their encodings memoised, in process-wide caches
+(:class:`transports.memo.Memo`). Every one is bounded in *bytes* (an estimate of what its entries
+hold), not only in entries: a handle's address may be 512 characters, so 200 000 entries of
+attacker-made handles would hold ~250 MiB. A full memo drops its older half; an evicted entry
+costs one re-decode, and objects the routing tables still hold stay alive regardless.
 """
 
 from __future__ import annotations
@@ -44,8 +50,17 @@ from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.messages import REGISTRY, Message
 from transports.codec import DEFAULT_LIMITS, DecodeError, Limits, check_depth, safe_unpackb
+from transports.memo import Memo
 
-__all__ = ["Wire", "WireError", "decode_message", "encode_message"]
+__all__ = [
+    "Wire",
+    "WireError",
+    "decode_message",
+    "encode_message",
+    "intern_handle",
+    "intern_id",
+    "memo_bytes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,29 +88,37 @@ def _bigint(v: int) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_BIGINT, v.to_bytes(n, "big", signed=True))
 
 
+#: bytes an entry costs besides its variable part: dict slot, key and value objects (CPython)
+_ENTRY_COST = 200
+#: memo budgets: a few tens of thousands of peers' ids and handles each (a 10^3-node process
+#: mentions ~10^3), ~32 MiB in all however many distinct handles peers send
+ID_MEMO_BYTES = 4 << 20
+HANDLE_MEMO_BYTES = 8 << 20
+
 #: Encoded ids and handles, process-wide: a swarm mentions the same few thousand handles in
 #: every leaf-set and row message, and packing one is a nested msgpack call.
-_EXT_IDS: dict[NodeId, msgpack.ExtType] = {}
-_EXT_HANDLES: dict[NodeHandle, msgpack.ExtType] = {}
-_EXT_CACHE_MAX = 100_000
+_EXT_IDS = Memo(ID_MEMO_BYTES)
+_EXT_HANDLES = Memo(HANDLE_MEMO_BYTES)
+
+
+def _address_cost(address: str | int) -> int:
+    return len(address) if isinstance(address, str) else 8
 
 
 def _default(v: Any) -> Any:
     """msgpack ``default`` hook (strict_types): everything that is not a plain primitive."""
     tv = type(v)
     if tv is NodeHandle:  # before tuple: a handle is a NamedTuple
-        e = _EXT_HANDLES.get(v)
+        e = _EXT_HANDLES.data.get(v)
         if e is None:
-            if len(_EXT_HANDLES) >= _EXT_CACHE_MAX:
-                _EXT_HANDLES.clear()
-            e = _EXT_HANDLES[v] = msgpack.ExtType(EXT_HANDLE, _pack([_prim(v.id), v.address]))
+            e = msgpack.ExtType(EXT_HANDLE, _pack([_prim(v.id), v.address]))
+            _EXT_HANDLES.put(v, e, _ENTRY_COST + 2 * _address_cost(v.address))
         return e
     if tv is NodeId:
-        e = _EXT_IDS.get(v)
+        e = _EXT_IDS.data.get(v)
         if e is None:
-            if len(_EXT_IDS) >= _EXT_CACHE_MAX:
-                _EXT_IDS.clear()
-            e = _EXT_IDS[v] = msgpack.ExtType(EXT_NODEID, int(v).to_bytes(20, "big"))
+            e = msgpack.ExtType(EXT_NODEID, int(v).to_bytes(20, "big"))
+            _EXT_IDS.put(v, e, _ENTRY_COST)
         return e
     if tv is tuple:
         return list(v)
@@ -385,35 +408,37 @@ _COMPILER = _Compiler()  # checkers depend only on classes: one cache for the wh
 # ---------------------------------------------------------------------------------- decoding
 #: Decoded ids and handles are interned process-wide: a swarm's routing tables then share one
 #: object per peer instead of one per message that mentioned it (tens of KiB per node at 10^3).
-_IDS: dict[bytes, NodeId] = {}
-_HANDLES: dict[tuple[bytes, str | int], NodeHandle] = {}
-_INTERN_MAX = 200_000
+_IDS = Memo(ID_MEMO_BYTES)
+_HANDLES = Memo(HANDLE_MEMO_BYTES)
 
 
 def intern_id(raw: bytes) -> NodeId:
     """The shared NodeId for 20 big-endian bytes."""
-    v = _IDS.get(raw)
+    v: NodeId | None = _IDS.data.get(raw)
     if v is None:
-        if len(_IDS) >= _INTERN_MAX:
-            _IDS.clear()
-        v = _IDS[raw] = NodeId(int.from_bytes(raw, "big"))
+        v = NodeId(int.from_bytes(raw, "big"))
+        _IDS.put(raw, v, _ENTRY_COST)
     return v
 
 
 def intern_handle(raw_id: bytes, address: str | int) -> NodeHandle:
     """The shared NodeHandle for (id bytes, address)."""
     k = (raw_id, address)
-    h = _HANDLES.get(k)
+    h: NodeHandle | None = _HANDLES.data.get(k)
     if h is None:
-        if len(_HANDLES) >= _INTERN_MAX:
-            _HANDLES.clear()
-        h = _HANDLES[k] = NodeHandle(intern_id(raw_id), address)
+        h = NodeHandle(intern_id(raw_id), address)
+        _HANDLES.put(k, h, _ENTRY_COST + 2 * _address_cost(address))
     return h
+
+
+def memo_bytes() -> int:
+    """Estimated bytes held by all of the wire's process-wide memos (bounded)."""
+    return sum(m.used for m in (_IDS, _HANDLES, _HANDLES_BY_EXT, _EXT_IDS, _EXT_HANDLES))
 
 
 #: ext payload bytes -> the handle they decoded to (valid ones only; a differently spelled but
 #: equal handle simply misses and takes the checked path)
-_HANDLES_BY_EXT: dict[bytes, NodeHandle] = {}
+_HANDLES_BY_EXT = Memo(HANDLE_MEMO_BYTES)
 #: a handle's inner array holds two scalars: no ext types, no maps, no nesting worth a walk
 #: (msgpack's own C stack bounds any nesting an attacker sends before the type check refuses it)
 _HANDLE_KW: dict[str, Any] = {
@@ -442,7 +467,7 @@ class Wire:
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
         if code == EXT_HANDLE:
-            h = _HANDLES_BY_EXT.get(data)
+            h = _HANDLES_BY_EXT.data.get(data)
             if h is not None:  # these exact bytes were a valid handle before
                 return h
             return self._handle(data)
@@ -496,9 +521,7 @@ class Wire:
         if type(addr) is not str and type(addr) is not int:
             raise _Invalid("bad NodeHandle address")
         h = intern_handle(raw, addr)
-        if len(_HANDLES_BY_EXT) >= _INTERN_MAX:
-            _HANDLES_BY_EXT.clear()
-        _HANDLES_BY_EXT[data] = h
+        _HANDLES_BY_EXT.put(data, h, _ENTRY_COST + len(data))
         return h
 
     def _build(self, arr: Any) -> Message:

@@ -37,9 +37,11 @@ class EngineTimer:
         self.cancelled = False
 
     def cancel(self) -> None:
+        """Mark the timer cancelled; its heap entry then does nothing when it comes due."""
         self.cancelled = True
 
     def fire(self) -> None:
+        """Run the callback once, unless cancelled or the owner is no longer alive."""
         if self.cancelled:
             return
         self.cancelled = True
@@ -71,6 +73,8 @@ class Engine:
     def call_later(
         self, delay_s: float, fn: Callable[[], None], owner: Owner | None = None
     ) -> EngineTimer:
+        """Schedule ``fn`` ``max(0, delay_s)`` virtual seconds from now; it runs only while
+        ``owner`` (if any) is alive."""
         t = EngineTimer(fn, owner)
         self._seq += 1
         heapq.heappush(self._heap, (self.now + max(0.0, delay_s), self._seq, t.fire, ()))
@@ -82,6 +86,7 @@ class Engine:
 
     @property
     def pending(self) -> int:
+        """Number of events on the heap (cancelled timers included)."""
         return len(self._heap)
 
     def run_until(self, end_s: float) -> bool:

@@ -127,10 +127,12 @@ class Uniform:
         self.nodes = 0
 
     def place(self, index: int, rng: random.Random) -> None:
+        """Count the node in; its latencies come from the pair hash, not from a position."""
         _check_index(index, self.nodes, self.name)
         self.nodes += 1
 
     def one_way_s(self, a: int, b: int) -> float:
+        """The pair's fixed latency: a SplitMix64 hash of (min, max, seed) scaled to [lo, hi]."""
         if a > b:
             a, b = b, a
         # SplitMix64 finaliser over a 64-bit combination of (a, b, seed).
@@ -141,9 +143,11 @@ class Uniform:
         return self.lo_s + (x >> 11) * self._span
 
     def rtt_s(self, a: int, b: int) -> float:
+        """Twice the one-way latency (symmetric model)."""
         return 2.0 * self.one_way_s(a, b)
 
     def describe(self) -> dict[str, object]:
+        """Name, bounds, seed and number of nodes."""
         return {
             "name": self.name,
             "lo_s": self.lo_s,
@@ -180,6 +184,7 @@ class Sphere:
         self.nodes = 0
 
     def place(self, index: int, rng: random.Random) -> None:
+        """Draw a uniform point on the sphere for the node (FreePastry's draws, in its order)."""
         _check_index(index, self.nodes, self.name)
         # Same draws, same order as FreePastry's SphereNodeRecord().
         theta = math.asin(2.0 * rng.random() - 1.0)
@@ -195,6 +200,7 @@ class Sphere:
         return math.asin(max(-1.0, min(1.0, z))), math.atan2(y, x)
 
     def one_way_s(self, a: int, b: int) -> float:
+        """Great-circle delay between the two points, at least ``min_delay_s``."""
         p = self._xyz
         i = 3 * a
         j = 3 * b
@@ -207,9 +213,11 @@ class Sphere:
         return d if d > self.min_delay_s else self.min_delay_s
 
     def rtt_s(self, a: int, b: int) -> float:
+        """Twice the one-way latency (symmetric model)."""
         return 2.0 * self.one_way_s(a, b)
 
     def describe(self) -> dict[str, object]:
+        """Name, diameter, minimum delay and number of nodes."""
         return {
             "name": self.name,
             "diameter_s": self.diameter_s,
@@ -264,6 +272,7 @@ class TransitStub:
         self.router_mean_s = sum(self._dist) / len(self._dist) if self._s > 1 else 0.0
 
     def place(self, index: int, rng: random.Random) -> None:
+        """Attach the node to a uniformly drawn stub router with a random access-link delay."""
         _check_index(index, self.nodes, self.name)
         self._stub_of.append(rng.randrange(self._s))
         self._access.append(self._access_lo + (self._access_hi - self._access_lo) * rng.random())
@@ -283,15 +292,18 @@ class TransitStub:
         return self._dist[(r1 - t) * self._s + (r2 - t)]
 
     def one_way_s(self, a: int, b: int) -> float:
+        """Both access links plus the shortest path between the two stub routers."""
         acc = self._access
         st = self._stub_of
         # (acc[a] + acc[b]) first: float + is commutative, so the result is exactly symmetric.
         return (acc[a] + acc[b]) + self._dist[st[a] * self._s + st[b]]
 
     def rtt_s(self, a: int, b: int) -> float:
+        """Twice the one-way latency (symmetric model)."""
         return 2.0 * self.one_way_s(a, b)
 
     def describe(self) -> dict[str, object]:
+        """Name, seed, router-graph sizes, link delays, router distances, build time and nodes."""
         g = self.topology.graph
         return {
             "name": self.name,
@@ -386,10 +398,12 @@ class Matrix:
         return cls(rows, unit_s=unit_s, same_row_s=same_row_s, source=str(p))
 
     def place(self, index: int, rng: random.Random) -> None:
+        """Count the node in; node ``index`` uses matrix row ``index mod size``."""
         _check_index(index, self.nodes, self.name)
         self.nodes += 1
 
     def one_way_s(self, a: int, b: int) -> float:
+        """The matrix entry from ``a``'s row to ``b``'s (``same_row_s`` when they share a row)."""
         n = self.size
         ra = a % n
         rb = b % n
@@ -398,9 +412,11 @@ class Matrix:
         return self._m[ra * n + rb]
 
     def rtt_s(self, a: int, b: int) -> float:
+        """Sum of the two directions (the matrix need not be symmetric)."""
         return self.one_way_s(a, b) + self.one_way_s(b, a)
 
     def describe(self) -> dict[str, object]:
+        """Name, source, size, unit, same-row delay and number of nodes."""
         return {
             "name": self.name,
             "source": self.source,
@@ -448,6 +464,7 @@ class PondSim:
         self.nodes = 0
 
     def place(self, index: int, rng: random.Random) -> None:
+        """Draw the node's edge latency, whole milliseconds in 200..599 (PondSim's C ``int``)."""
         _check_index(index, self.nodes, self.name)
         # C: int edge_latency = 200 + U * 400;  (truncation toward zero: 200..599 ms)
         ms = int(self.EDGE_BASE_MS + rng.random() * self.EDGE_SPAN_MS)
@@ -459,9 +476,11 @@ class PondSim:
         return self._edge[index]
 
     def one_way_s(self, a: int, b: int) -> float:
+        """The sender's edge latency (the receiver's is not charged)."""
         return self._edge[a]
 
     def rtt_s(self, a: int, b: int) -> float:
+        """Sum of the two nodes' edge latencies."""
         return self._edge[a] + self._edge[b]
 
     def retransmit_delay_s(self, a: int, attempt: int, rng: random.Random | None = None) -> float:
@@ -479,6 +498,7 @@ class PondSim:
         return 2.0 * e + min(backoff, self.backoff_cap_s)
 
     def describe(self) -> dict[str, object]:
+        """Name, seed, edge range, loss rates, back-off parameters, nodes and the PondSim source."""
         return {
             "name": self.name,
             "seed": self.seed,

@@ -10,6 +10,10 @@ node would cost gigabytes at 10^6 nodes, and one loop makes sharing deterministi
 Measurements are made through the KBR API, never by peeking into routing tables: a lookup is a
 real ``route()`` of a tiny payload for the built-in application ``sim.lookup``; its ``forward``
 upcalls count hops and its ``deliver`` upcall records which node answered and when.
+
+``fidelity=True`` makes deliveries look as they do on a live node (:class:`~sim_adapter.simnode.
+Fidelity`): every message crosses ``overlay.wire`` both ways, receivers get the observed sender
+handle, self-addressed messages are dropped and failed joins do not count as live.
 """
 
 from __future__ import annotations
@@ -24,12 +28,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from overlay.errors import ConfigError, OverlayError
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId, closer
-from overlay.kbr import BaseApplication, KbrCore
+from overlay.kbr import KbrCore
 from overlay.messages import Message
 from overlay.multicast import MULTICAST_APP, Multicast, MulticastResult
 from overlay.multicast import attach as attach_multicast
-from sim_adapter.engine import Engine, EngineTimer
-from sim_adapter.simnode import SimNode
+from sim_adapter.engine import Engine
+from sim_adapter.simnode import (
+    FIDELITY_DEFAULT,
+    Fidelity,
+    Lookup,
+    LookupApp,
+    LookupState,
+    SimNode,
+    SimRuntime,
+)
 
 if TYPE_CHECKING:
     from sim_adapter.latency import LatencyModel
@@ -38,72 +50,7 @@ log = logging.getLogger(__name__)
 
 LOOKUP_APP = "sim.lookup"
 
-
-class Lookup(NamedTuple):
-    """Outcome of one lookup: who answered, over how many hops, after how long."""
-
-    result: NodeId | None
-    hops: int
-    latency_s: float
-
-
-class SimRuntime:
-    """The Runtime a simulated core sees (one small object per node)."""
-
-    __slots__ = ("engine", "index", "net", "node")
-
-    def __init__(self, net: Network, index: int) -> None:
-        self.net = net
-        self.engine = net.engine
-        self.index = index
-        self.node: SimNode | None = None  # set once the SimNode exists
-
-    @property
-    def rng(self) -> random.Random:
-        return self.net.rng
-
-    def now(self) -> float:
-        return self.engine.now
-
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> EngineTimer:
-        return self.engine.call_later(delay_s, fn, self.node)
-
-    def send(self, dst: NodeHandle, msg: Message) -> None:
-        self.net._send(self.index, dst.address, msg)
-
-    def send_address(self, address: Address, msg: Message) -> None:
-        self.net._send(self.index, address, msg)
-
-
-class _LookupState:
-    __slots__ = ("done", "hops", "key", "result", "t0", "t1")
-
-    def __init__(self, key: NodeId, t0: float) -> None:
-        self.key = key
-        self.t0 = t0
-        self.t1 = -1.0
-        self.hops = 0
-        self.result: NodeId | None = None
-        self.done = False
-
-
-class _LookupApp(BaseApplication):
-    """Per-node measuring application for ``Network.lookup``."""
-
-    __slots__ = ("net", "node_id")
-
-    def __init__(self, net: Network, node_id: NodeId) -> None:
-        self.net = net
-        self.node_id = node_id
-
-    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        self.net._lookup_delivered(int(payload), self.node_id)
-
-    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
-        st = self.net._lookups.get(int(payload))
-        if st is not None:
-            st.hops += 1
-        return next_hop
+__all__ = ["LOOKUP_APP", "OVERLAYS", "Aggregate", "Lookup", "Network", "SimNode", "SimRuntime"]
 
 
 _Parts = tuple[Callable[..., KbrCore], Callable[[], Any], Callable[..., None]]
@@ -139,6 +86,7 @@ class Network:
         latency: LatencyModel | None = None,
         loss: float = 0.0,
         codec: bool = False,
+        fidelity: bool | None = None,
     ) -> None:
         if not 0.0 <= loss < 1.0:
             raise ConfigError(f"loss must be in [0, 1), got {loss!r}")
@@ -157,7 +105,9 @@ class Network:
         self._by_id: dict[int, SimNode] = {}
         self._ready: list[SimNode] = []  # nodes that finished joining: seeds for later joins
         self._partition: list[int] | None = None
-        self._lookups: dict[int, _LookupState] = {}
+        self._ungrouped = 0  # the partition label of nodes in no group
+        self._send_to: NodeId | None = None  # see SimHost._send_to
+        self._lookups: dict[int, LookupState] = {}
         self._lookup_seq = 0
         self._waiting = 0
         self.message_count = 0
@@ -172,6 +122,10 @@ class Network:
             from overlay.wire import encode_message
 
             self._encode = encode_message
+        if fidelity is None:
+            fidelity = FIDELITY_DEFAULT
+        #: fidelity mode's codec and counters (None: messages are handed over as objects)
+        self.fidelity: Fidelity | None = Fidelity() if fidelity else None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -197,14 +151,27 @@ class Network:
 
     # ------------------------------------------------------------------ transport
     def _send(self, src: int, dst: Address, msg: Message) -> None:
+        to = self._send_to
+        self._send_to = None
         self.message_count += 1
         by = self._by_class
         t = type(msg)
         by[t] = by.get(t, 0) + 1
-        if self._encode is not None:
+        fid = self.fidelity
+        data = b""
+        if fid is not None:
+            got = fid.encode(msg)
+            if got is None:
+                return
+            data = got
+            self.bytes_sent += len(data)
+        elif self._encode is not None:
             self.bytes_sent += len(self._encode(msg))
         if not isinstance(dst, int) or not 0 <= dst < len(self.nodes):
             self.dropped_dead += 1
+            return
+        if fid is not None and dst == src:  # live drops a frame signed by its own id
+            fid.stats["self_dropped"] += 1
             return
         if self.loss and self.rng.random() < self.loss:
             self.dropped_loss += 1
@@ -214,7 +181,11 @@ class Network:
             self.dropped_partition += 1
             return
         eng = self.engine
-        eng.push(eng.now + self.latency.one_way_s(src, dst), self._deliver, (src, dst, msg))
+        when = eng.now + self.latency.one_way_s(src, dst)
+        if fid is None:
+            eng.push(when, self._deliver, (src, dst, msg))
+        else:
+            eng.push(when, self._deliver_wire, (self.nodes[src].id, src, dst, data, to))
 
     def _deliver(self, src: int, dst: int, msg: Message) -> None:
         node = self.nodes[dst]
@@ -222,6 +193,48 @@ class Network:
             self.dropped_dead += 1
             return
         node.core.receive(self.nodes[src].handle, msg)
+
+    # fidelity mode: bytes on the wire, observed handles (sim_adapter/simnode.py)
+    def _deliver_wire(
+        self, sender: NodeId, src: int | str, dst: int, data: bytes, to: NodeId | None
+    ) -> None:
+        node = self.nodes[dst]
+        if not node.alive:
+            self.dropped_dead += 1
+            return
+        fid = self.fidelity
+        assert fid is not None
+        if to is not None and to != node.id:  # live: Verifier(own_id=...) drops it
+            fid.stats["misdirected"] += 1
+            return
+        msg = fid.decode(data)
+        if msg is not None:
+            node.core.receive(fid.observed(sender, src), msg)
+
+    def inject(self, src: NodeHandle, dst: SimNode, msg: Message, delay_s: float = 0.0) -> None:
+        """Deliver ``msg`` to ``dst`` ``delay_s`` from now as if sent by ``src`` — any handle, a
+        node of the network or not (tests of hostile input). In fidelity mode it crosses the wire
+        and arrives from ``src.id`` at ``src.address``, as a signed datagram from there would."""
+        if delay_s < 0:
+            raise ConfigError("inject() needs delay_s >= 0")
+        fid = self.fidelity
+        eng = self.engine
+        if fid is None:
+            eng.push(eng.now + delay_s, self._deliver_as, (src, dst.index, msg))
+            return
+        data = fid.encode(msg)
+        if data is not None:
+            addr = src.address
+            if not isinstance(addr, (int, str)):
+                raise ConfigError(f"inject() needs an int or str address, got {addr!r}")
+            eng.push(eng.now + delay_s, self._deliver_wire, (src.id, addr, dst.index, data, None))
+
+    def _deliver_as(self, src: NodeHandle, dst: int, msg: Message) -> None:
+        node = self.nodes[dst]
+        if node.alive:
+            node.core.receive(src, msg)
+        else:
+            self.dropped_dead += 1
 
     # ------------------------------------------------------------------ population
     def _new_node(
@@ -244,7 +257,7 @@ class Network:
             self.latency.place(index, self.rng)
         runtime = SimRuntime(self, index)
         core = cls(runtime, handle, config if config is not None else default_cfg())
-        core.register(LOOKUP_APP, _LookupApp(self, nid))
+        core.register(LOOKUP_APP, LookupApp(self, nid))
         attach_multicast(core)
         node = SimNode(index, handle, core)
         runtime.node = node
@@ -252,6 +265,8 @@ class Network:
             self.nodes[index] = node
         else:
             self.nodes.append(node)
+            if self._partition is not None:  # spawned during a partition: in the "no group" group
+                self._partition.append(self._ungrouped)
         self._by_id[int(nid)] = node
         return node
 
@@ -336,9 +351,21 @@ class Network:
                 break
         if not done or not done[0]:
             log.warning("node %s did not become ready within %.0f s", node.id.short(), timeout_s)
+            if self._failed_join(node):
+                return
         else:
             self._ready.append(node)
         self._mark_live(node)
+
+    def _failed_join(self, node: SimNode) -> bool:
+        """Fidelity mode: a node whose join failed stops and is not live (True); a live node's
+        ``join`` raises and its process goes away. Otherwise it stays and counts (False)."""
+        if self.fidelity is None:
+            return False
+        self.fidelity.stats["failed_joins"] += 1
+        node.alive = False
+        node.core.stop()
+        return True
 
     def _join_overlapping(
         self,
@@ -376,7 +403,8 @@ class Network:
         if failed:
             log.warning("%d of %d joins did not become ready", failed, total)
         for node in nodes:
-            self._mark_live(node)
+            if outcome.get(node.index) or not self._failed_join(node):
+                self._mark_live(node)
 
     def _spawn_oracle(
         self,
@@ -426,13 +454,22 @@ class Network:
             raise ConfigError("this network has no overlay yet")
         new = self._new_node(self.overlay, config, node.id, index=node.index)
 
+        fidelity = self.fidelity is not None
+
         def joined(ok: bool) -> None:
-            if ok and new.alive:
+            if not new.alive:
+                return
+            if ok:
                 self._ready.append(new)
+                if fidelity:
+                    self._mark_live(new)
+            elif fidelity:
+                self._failed_join(new)
 
         new.core.start()
         new.core.join(self._ready_seed(new), joined)
-        self._mark_live(new)
+        if not fidelity:  # fidelity mode: live once it has joined
+            self._mark_live(new)
         return new
 
     def leave(self, nodes: SimNode | Iterable[SimNode]) -> None:
@@ -448,6 +485,7 @@ class Network:
     def partition(self, groups: Sequence[Iterable[SimNode]]) -> None:
         """Cut the network: messages between different groups are dropped until ``heal()``.
         Nodes in no group form one more group of their own."""
+        self._ungrouped = len(groups)
         label = [len(groups)] * len(self.nodes)
         for g, members in enumerate(groups):
             for m in members:
@@ -493,14 +531,14 @@ class Network:
     ) -> list[Lookup]:
         """Start all lookups at once (at the current virtual time) and run until every one is
         delivered or ``timeout_s`` passes; undelivered ones have ``result=None``."""
-        states: list[tuple[int, _LookupState]] = []
+        states: list[tuple[int, LookupState]] = []
         now = self.engine.now
         for src, key in pairs:
             if not src.alive:
                 raise OverlayError(f"lookup from crashed node {src!r}")
             self._lookup_seq += 1
             lid = self._lookup_seq
-            st = _LookupState(key, now)
+            st = LookupState(key, now)
             self._lookups[lid] = st
             states.append((lid, st))
             self._waiting += 1

@@ -33,7 +33,7 @@ def start(*args: str, n: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     addrs: list[str] = []
     assert p.stdout is not None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded machine (CI) starts processes slowly
     while len(addrs) < n and time.monotonic() < deadline:
         line = p.stdout.readline()
         if not line:

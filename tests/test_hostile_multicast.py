@@ -16,7 +16,7 @@ from sim_adapter import Network
 
 
 def _ring(seed: int) -> tuple[Network, list]:  # type: ignore[type-arg]
-    net = Network(seed=seed)
+    net = Network(seed=seed, fidelity=True)  # the wire and observed handles, as live
     nodes = net.spawn(40, overlay="pastry", build="oracle")
     net.run(5.0)
     return net, nodes

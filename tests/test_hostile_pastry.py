@@ -28,7 +28,7 @@ def _keys_owned_by(net: Network, victim: SimNode, rng: random.Random, n: int) ->
 
 
 def _setup(seed: int) -> tuple[Network, list[SimNode], SimNode, SimNode, SimNode]:
-    net = Network(seed=seed)
+    net = Network(seed=seed, fidelity=True)  # the wire and observed handles, as live
     nodes = net.spawn(80, overlay="pastry", build="oracle")
     net.run(5.0)
     victim = nodes[7]
@@ -77,7 +77,7 @@ def test_a_join_completes_when_the_reply_names_a_node_we_hold_dead() -> None:
     """The joiner's reply lists a member our probes already found dead (the responder has not
     noticed yet). Asking it times out; the timed-out ask must remove it, or the consistent join
     waits for it until the dead verdict expires (300 s)."""
-    net = Network(seed=8)
+    net = Network(seed=8, fidelity=True)
     nodes = net.spawn(60, overlay="pastry", build="oracle")
     net.run(5.0)
     dead = nodes[9]

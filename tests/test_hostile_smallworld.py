@@ -18,7 +18,7 @@ from sim_adapter import Network, SimNode
 
 
 def _ring(seed: int) -> tuple[Network, list[SimNode]]:
-    net = Network(seed=seed)
+    net = Network(seed=seed, fidelity=True)  # the wire and observed handles, as live
     nodes = net.spawn(60, overlay="smallworld", build="oracle")
     net.run(30.0)
     return net, nodes

@@ -1,6 +1,12 @@
 """Three "hosts" (Linux network namespaces joined by veth pairs to a bridge) each run one
 ``flockring node``; they form one ring across the hosts and route to the oracle's node.
 
+Nodes that listen on a wildcard (``0.0.0.0``) advertise the address given with ``--advertise``:
+on both overlays and both transports, two hosts hold each other in their leaf sets under that
+address (never ``0.0.0.0``), and ``flockring status`` / ``route`` from a third host — a client
+bound to ``0.0.0.0`` that no node can dial — get their answers (on TCP, over the connection the
+request came on).
+
 Addresses are 198.18.0.0/24 (RFC 2544's benchmarking range) inside namespaces this test creates
 and deletes itself; nothing leaves the machine. Skips with the reason where namespaces cannot be
 created (not root, no iproute2, no CAP_SYS_ADMIN in a container).
@@ -125,5 +131,84 @@ def test_three_hosts_form_one_ring(hosts: list[str]) -> None:
         )
         assert r.returncode == 0, r.stderr
         assert len(json.loads(r.stdout)["leaf_set"]) == 2  # both other hosts
+    finally:
+        stop_processes(procs)
+
+
+def _start(ns: str, args: list[str]) -> tuple[subprocess.Popen[str], tuple[int, str]]:
+    """Start ``flockring node`` in ``ns``; wait for its NODE line (fail with its stderr)."""
+    p = subprocess.Popen(
+        in_ns(ns, "node", "--status-interval", "0", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert p.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        if line.startswith("NODE "):
+            _, nid, a = line.split()
+            return p, (int(nid, 16), a)
+    p.kill()
+    err = p.stderr.read() if p.stderr else ""
+    pytest.fail(f"node in {ns} did not come up: {err[-400:]}")
+
+
+def _cli(ns: str, *calls: tuple[str, ...]) -> list[dict[str, object]]:
+    """Run CLI client commands in ``ns`` at once (each a process); their JSON answers."""
+    procs = [
+        subprocess.Popen(
+            in_ns(ns, *c, "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for c in calls
+    ]
+    out: list[dict[str, object]] = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=30)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["udp", "tcp"])
+@pytest.mark.parametrize("overlay", ["pastry", "smallworld"])
+def test_wildcard_listeners_advertise_their_address(
+    hosts: list[str], overlay: str, scheme: str
+) -> None:
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        common = ["--overlay", overlay, "--listen", f"{scheme}://0.0.0.0:0"]
+        pa, (ida, addr_a) = _start(hosts[0], [*common, "--advertise", ADDRS[0]])
+        procs.append(pa)
+        pb, (idb, addr_b) = _start(hosts[1], [*common, "--advertise", ADDRS[1], "--join", addr_a])
+        procs.append(pb)
+        assert addr_a.startswith(f"{scheme}://{ADDRS[0]}:") and not addr_a.endswith(":0")
+        assert addr_b.startswith(f"{scheme}://{ADDRS[1]}:")
+        # asked from a third host, by a client bound to 0.0.0.0 (nobody can dial it back)
+        deadline = time.monotonic() + 20
+        while True:
+            sa, sb = _cli(hosts[2], ("status", addr_a), ("status", addr_b))
+            if (sa["leaf_set"] and sb["leaf_set"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert sa["leaf_set"] == [[f"{idb:040x}", addr_b]], sa["leaf_set"]
+        assert sb["leaf_set"] == [[f"{ida:040x}", addr_a]], sb["leaf_set"]
+        assert sa["ready"] and sb["ready"]
+        keys = [NodeId.hash_of(b"advertise-%d" % j) for j in range(4)]
+        entries = [(addr_a, addr_b)[j % 2] for j in range(4)]
+        asks = [("route", e, str(k)) for e, k in zip(entries, keys, strict=True)]
+        answers = _cli(hosts[2], *asks)
+        for key, r in zip(keys, answers, strict=True):
+            want = ida if closer(key, ida, idb) else idb
+            assert int(str(r["responsible"]), 16) == want
+            assert r["responsible_address"] == (addr_a if want == ida else addr_b)
     finally:
         stop_processes(procs)

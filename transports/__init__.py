@@ -13,7 +13,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from transports.address import AddressError, format_address, parse_address, resolve
+from transports.address import (
+    AddressError,
+    WildcardAddressError,
+    advertised_address,
+    format_address,
+    is_wildcard,
+    parse_address,
+    resolve,
+)
 from transports.auth import Opened, Signer, Verifier
 from transports.base import Transport
 from transports.codec import MAX_FRAME_BYTES, VERSION, Codec, Envelope, Limits
@@ -57,7 +65,10 @@ __all__ = [
     "Transport",
     "UdpTransport",
     "Verifier",
+    "WildcardAddressError",
+    "advertised_address",
     "format_address",
+    "is_wildcard",
     "open_tcp",
     "open_udp",
     "parse_address",

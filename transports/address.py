@@ -5,6 +5,13 @@ Theory of operation: the overlay treats an address as an opaque hashable value
 literals on the hot path (no DNS lookups inside ``send_nowait``); :func:`resolve` turns a host
 name given by a user into a literal once, before any node starts. IPv6 literals are written in
 brackets as in RFC 3986: ``udp://[::1]:9000``.
+
+A socket bound to a wildcard (``0.0.0.0``, ``::``) listens on every interface but has no address
+a peer could send to, so a wildcard must never be *advertised* (put in handles, join requests or
+reply addresses). :func:`advertised_address` decides what a node advertises: the address the
+operator gave (``--advertise``; a bare host takes the bound port), else the bound address if it
+is not a wildcard, else :class:`WildcardAddressError` — as libp2p and most servers, a node
+refuses to start rather than tell its peers an address that cannot reach it.
 """
 
 from __future__ import annotations
@@ -12,16 +19,24 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 
-from transports.errors import OverlayError
+from transports.errors import AddressError, WildcardAddressError
 
-__all__ = ["AddressError", "format_address", "parse_address", "resolve"]
+__all__ = [
+    "AddressError",
+    "WildcardAddressError",
+    "advertised_address",
+    "format_address",
+    "is_wildcard",
+    "parse_address",
+    "resolve",
+]
 
 
-class AddressError(OverlayError, ValueError):
-    """A transport address that cannot be parsed (raised to API callers, never from a loop)."""
+#: longer than any real address ("udp://[" + a scoped IPv6 literal + "]:65535"); anything longer
+#: is refused before it reaches the parse cache, which peers' reply addresses would fill
+MAX_ADDRESS_LEN = 128
 
 
-@lru_cache(maxsize=65536)
 def parse_address(text: str, scheme: str | None = None) -> tuple[str, str, int]:
     """Split ``scheme://host:port`` into ``(scheme, host, port)``; host must be an IP literal.
 
@@ -29,6 +44,13 @@ def parse_address(text: str, scheme: str | None = None) -> tuple[str, str, int]:
     """
     if not isinstance(text, str):
         raise AddressError(f"address must be a string, got {type(text).__name__}")
+    if len(text) > MAX_ADDRESS_LEN:
+        raise AddressError(f"address of {len(text)} characters (at most {MAX_ADDRESS_LEN})")
+    return _parse(text, scheme)
+
+
+@lru_cache(maxsize=4096)  # parsing is a pure function of the string: hot addresses hit
+def _parse(text: str, scheme: str | None) -> tuple[str, str, int]:
     sch, sep, rest = text.partition("://")
     if not sep or not sch:
         raise AddressError(f"address {text!r} lacks a scheme (expected e.g. udp://127.0.0.1:9000)")
@@ -97,3 +119,50 @@ def resolve(text: str) -> str:
     out = format_address(sch.lower(), ip, int(port_s))
     parse_address(out)
     return out
+
+
+def is_wildcard(address: str) -> bool:
+    """True if ``address`` names the unspecified host (``0.0.0.0`` or ``::``): bindable, but
+    not an address anyone can send to. Malformed addresses are not wildcards."""
+    try:
+        _, host, _ = parse_address(address)
+    except AddressError:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a memory address's name
+        return False
+
+
+def advertised_address(bound: str, advertise: str | None = None) -> str:
+    """The address a node bound at ``bound`` tells its peers.
+
+    ``advertise`` may be a full address of the same scheme (port 0: the bound port) or a bare
+    IP literal (scheme and port of ``bound``). Without it, ``bound`` itself, unless that is a
+    wildcard. Raises :class:`WildcardAddressError` when the result would be a wildcard, and
+    :class:`AddressError` for a malformed or mismatched ``advertise``.
+    """
+    sch, _, port = parse_address(bound)
+    if advertise is None:
+        if is_wildcard(bound):
+            raise WildcardAddressError(
+                f"bound to the wildcard address {bound}, which peers cannot reach: "
+                "give the address to advertise (advertise= / --advertise ADDR)"
+            )
+        return bound
+    if sch == "mem":
+        raise AddressError(f"memory endpoints ({bound}) advertise their own name only")
+    text = advertise.strip()
+    if "://" not in text:
+        host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        text = format_address(sch, host, port)
+    a_sch, a_host, a_port = parse_address(text)
+    if a_sch != sch:
+        raise AddressError(f"advertised address {advertise!r} is not a {sch}:// address")
+    if a_port == 0:
+        text = format_address(sch, a_host, port)
+    if is_wildcard(text):
+        raise WildcardAddressError(
+            f"cannot advertise the wildcard address {advertise!r}: give the host's own address"
+        )
+    return text

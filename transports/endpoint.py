@@ -8,6 +8,10 @@ receive side is one async iterator of ``(source address, bytes)``: ``receive()``
 of the iteration. :class:`EndpointMixin` holds both for the memory, UDP and TCP transports
 (slot-free, so slotted transports stay slotted). It imports trio, so the eagerly imported part
 of the ``transports`` package (codec, auth, base) does not import it.
+
+Queues a transport keeps in user space (the memory inbox, TCP's receive channel and send
+queues) are bounded in *bytes* by a :class:`ByteBudget`, not only in frames: a count bound of
+4096 frames is 256 MiB of 64 KiB frames, which a peer can fill at will.
 """
 
 from __future__ import annotations
@@ -18,8 +22,34 @@ from typing import Self
 import trio
 
 from transports.codec import MAX_FRAME_BYTES
+from transports.errors import TransportConfigError
 
-__all__ = ["EndpointMixin"]
+__all__ = ["ByteBudget", "EndpointMixin"]
+
+
+class ByteBudget:
+    """Bytes held by one bounded queue: :meth:`take` before queueing, :meth:`give` after."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        if limit < MAX_FRAME_BYTES:
+            raise TransportConfigError(
+                f"a byte budget must hold at least one frame ({MAX_FRAME_BYTES} B)"
+            )
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        """Reserve ``n`` bytes; False (nothing reserved) if that would exceed the limit."""
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        """Release ``n`` bytes reserved earlier."""
+        self.used = max(0, self.used - n)
 
 
 class EndpointMixin:

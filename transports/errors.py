@@ -14,3 +14,12 @@ class OverlayError(Exception):
 
 class TransportConfigError(OverlayError, ValueError):
     """A transport was configured or called with a value out of its documented range."""
+
+
+class AddressError(OverlayError, ValueError):
+    """A transport address that cannot be parsed (raised to API callers, never from a loop)."""
+
+
+class WildcardAddressError(AddressError):
+    """A node would advertise a wildcard address (``0.0.0.0`` / ``::``), which no peer can
+    reach: give an address to advertise (``advertise=`` / ``--advertise``)."""

@@ -6,7 +6,8 @@ Theory of operation: a :class:`MemoryNetwork` is a dictionary of endpoints keyed
 destination's inbox heap. ``receive`` pops the earliest datagram whose time has come and
 otherwise sleeps with ``trio.move_on_at(deadline)`` on an event, so the only clock involved is
 ``trio.current_time()``: under ``trio.testing.MockClock(autojump_threshold=0)`` a swarm runs in
-virtual time with no timer tasks of its own. Inboxes are bounded; overflow is dropped and counted,
+virtual time with no timer tasks of its own. Inboxes are bounded in datagrams *and* in bytes
+(``inbox_bytes``: 100 000 datagrams of 64 KiB would be 6 GiB); overflow is dropped and counted,
 like a full socket buffer. ``partition()``/``heal()`` cut and restore reachability between sets of
 addresses for failure tests.
 """
@@ -23,7 +24,8 @@ from types import TracebackType
 
 import trio
 
-from transports.endpoint import EndpointMixin
+from transports.codec import MAX_FRAME_BYTES
+from transports.endpoint import ByteBudget, EndpointMixin
 from transports.errors import TransportConfigError
 
 __all__ = ["LatencyFn", "MemoryNetwork", "MemoryTransport"]
@@ -62,6 +64,7 @@ class MemoryNetwork:
         loss: float = 0.0,
         seed: int = 0,
         inbox_limit: int = 100_000,
+        inbox_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         if not 0.0 <= loss < 1.0:
             raise TransportConfigError(f"loss must be in [0, 1), got {loss!r}")
@@ -69,6 +72,9 @@ class MemoryNetwork:
         self.loss = loss
         self.rng = random.Random(seed)
         self.inbox_limit = inbox_limit
+        if inbox_bytes < MAX_FRAME_BYTES:
+            raise TransportConfigError(f"inbox_bytes must be >= {MAX_FRAME_BYTES}")
+        self.inbox_bytes = inbox_bytes
         self.endpoints: dict[str, MemoryTransport] = {}
         self._names = itertools.count(1)
         self._seq = itertools.count()
@@ -123,6 +129,7 @@ class MemoryTransport(EndpointMixin):
         self.network = network
         self._address = address
         self._inbox: list[tuple[float, int, str, bytes]] = []
+        self._budget = ByteBudget(network.inbox_bytes)
         self._wakeup = trio.Event()
         self.closed = False
         self.stats: Counter[str] = Counter()
@@ -130,6 +137,11 @@ class MemoryTransport(EndpointMixin):
     @property
     def address(self) -> str:
         return self._address
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes waiting in the inbox."""
+        return self._budget.used
 
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
         if not self._admit(data):
@@ -139,7 +151,7 @@ class MemoryTransport(EndpointMixin):
         self.network._deliver(self._address, address, bytes(data))
 
     def _push(self, at: float, seq: int, src: str, data: bytes) -> None:
-        if len(self._inbox) >= self.network.inbox_limit:
+        if len(self._inbox) >= self.network.inbox_limit or not self._budget.take(len(data)):
             self.stats["inbox_full"] += 1
             return
         heapq.heappush(self._inbox, (at, seq, src, data))
@@ -152,6 +164,7 @@ class MemoryTransport(EndpointMixin):
             inbox = self._inbox
             if inbox and inbox[0][0] <= trio.current_time():
                 _, _, src, data = heapq.heappop(inbox)
+                self._budget.give(len(data))
                 self.stats["received"] += 1
                 self.stats["bytes_received"] += len(data)
                 return src, data
@@ -165,6 +178,7 @@ class MemoryTransport(EndpointMixin):
             return
         self.closed = True
         self._inbox.clear()
+        self._budget.used = 0
         self._wakeup.set()
         if self.network.endpoints.get(self._address) is self:
             del self.network.endpoints[self._address]

@@ -6,7 +6,10 @@ synchronous like a datagram send in the sans-io cores: a full kernel buffer
 (``BlockingIOError``) or any ``OSError`` is counted and the datagram is dropped — exactly the loss
 the overlays already tolerate. Frames over :data:`MAX_FRAME_BYTES` or over the IPv4/IPv6 UDP
 payload bound are never sent. Addresses are ``udp://IP:PORT`` strings (``transports.address``);
-their parsing is cached once per process (a pure function of the string).
+their parsing is cached once per process (a pure function of the string). ``address`` is what
+the endpoint tells peers: the ``advertise`` address when one was given (a socket bound to
+``0.0.0.0`` has no address of its own that peers can reach), else the bound address
+(``bound_address``).
 
 Receiving waits with ``trio.lowlevel.wait_readable`` and then reads with ``recvfrom_into`` into
 one 64 KiB buffer shared by every UDP transport of the process (trio runs one task at a time and
@@ -27,9 +30,10 @@ from typing import Any
 
 import trio
 
-from transports.address import AddressError, format_address, parse_address
+from transports.address import AddressError, advertised_address, format_address, parse_address
 from transports.codec import MAX_FRAME_BYTES
 from transports.endpoint import EndpointMixin
+from transports.memo import Memo
 
 __all__ = ["UdpTransport", "open_udp"]
 
@@ -39,21 +43,20 @@ _UDP_MAX_PAYLOAD = 65507  # 65535 - 8 (UDP header) - 20 (IPv4 header)
 _RECV_BUF = bytearray(MAX_FRAME_BYTES + 1)
 _RECV_VIEW = memoryview(_RECV_BUF)
 
-#: "udp://IP:PORT" -> (family, (host, port)) or None; shared by all transports of the process
-_DEST: dict[str, tuple[int, tuple[str, int]] | None] = {}
-_DEST_MAX = 100_000
-
-
+#: "udp://IP:PORT" -> (family, (host, port)) or None; shared by all transports of the process.
+#: Keys come from handles peers send and sources anyone can spoof: both memos are bounded in
+#: bytes (transports.memo), ~10^4 entries each.
+_DEST = Memo(2 << 20)
 #: source (host, port[, …]) -> "udp://…" string, so each datagram does not format it anew
-_SRC: dict[tuple[Any, ...], str] = {}
+_SRC = Memo(2 << 20)
+_ENTRY_COST = 200
 
 
 def _src_address(addr: tuple[Any, ...]) -> str:
-    s = _SRC.get(addr)
+    s: str | None = _SRC.data.get(addr)
     if s is None:
-        if len(_SRC) >= _DEST_MAX:
-            _SRC.clear()
-        s = _SRC[addr] = format_address("udp", addr[0], addr[1])
+        s = format_address("udp", addr[0], addr[1])
+        _SRC.put(addr, s, _ENTRY_COST + len(s))
     return s
 
 
@@ -71,15 +74,33 @@ def _parse_dest(address: str) -> tuple[int, tuple[str, int]] | None:
 class UdpTransport(EndpointMixin):
     """A bound UDP endpoint (implements ``transports.base.Transport``)."""
 
-    __slots__ = ("_address", "_family", "_max_send", "_recv_buffer", "_std", "closed", "stats")
+    __slots__ = (
+        "_address",
+        "_bound",
+        "_family",
+        "_max_send",
+        "_recv_buffer",
+        "_std",
+        "closed",
+        "stats",
+    )
 
-    def __init__(self, sock: _stdsocket.socket, recv_buffer: int = MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        sock: _stdsocket.socket,
+        recv_buffer: int = MAX_FRAME_BYTES,
+        *,
+        advertise: str | None = None,
+    ) -> None:
         if recv_buffer > MAX_FRAME_BYTES:
             raise ValueError(f"recv_buffer may not exceed {MAX_FRAME_BYTES}")
         sock.setblocking(False)
         self._std = sock
         host, port = sock.getsockname()[:2]
-        self._address = format_address("udp", host, port)
+        self._bound = format_address("udp", host, port)
+        self._address = (
+            self._bound if advertise is None else advertised_address(self._bound, advertise)
+        )
         self._family = sock.family
         self._recv_buffer = recv_buffer
         self._max_send = min(MAX_FRAME_BYTES, _UDP_MAX_PAYLOAD)
@@ -88,15 +109,23 @@ class UdpTransport(EndpointMixin):
 
     @property
     def address(self) -> str:
+        """The address peers are told: the advertised one, else the bound one."""
         return self._address
 
+    @property
+    def bound_address(self) -> str:
+        """The address the socket is bound to (may be a wildcard such as ``0.0.0.0``)."""
+        return self._bound
+
     def _sockaddr(self, address: str) -> tuple[str, int] | None:
+        d: tuple[int, tuple[str, int]] | None
         try:
-            d = _DEST[address]
+            d = _DEST.data[address]
         except KeyError:
-            if len(_DEST) >= _DEST_MAX:
-                _DEST.clear()
-            d = _DEST[address] = _parse_dest(address)
+            if type(address) is not str:
+                return None
+            d = _parse_dest(address)
+            _DEST.put(address, d, _ENTRY_COST + len(address))
         except TypeError:  # unhashable: not an address at all
             return None
         if d is None or d[0] != self._family:
@@ -167,12 +196,16 @@ class UdpTransport(EndpointMixin):
 
 @asynccontextmanager
 async def open_udp(
-    address: str = "udp://127.0.0.1:0", *, rcvbuf_bytes: int | None = None
+    address: str = "udp://127.0.0.1:0",
+    *,
+    rcvbuf_bytes: int | None = None,
+    advertise: str | None = None,
 ) -> AsyncIterator[UdpTransport]:
     """Bind a UDP endpoint at ``address`` (``udp://IP:PORT``; port 0 = any) and close it on exit.
 
-    Raises :class:`transports.address.AddressError` for a malformed address and ``OSError``
-    when the address cannot be bound.
+    ``advertise``: the address to tell peers (``udp://IP:PORT``, or a bare IP taking the bound
+    port), for a socket bound to a wildcard. Raises :class:`transports.address.AddressError` for
+    a malformed address and ``OSError`` when the address cannot be bound.
     """
     _, host, port = parse_address(address, "udp")
     fam = _stdsocket.AF_INET6 if ":" in host else _stdsocket.AF_INET
@@ -182,7 +215,7 @@ async def open_udp(
             sock.setsockopt(_stdsocket.SOL_SOCKET, _stdsocket.SO_RCVBUF, rcvbuf_bytes)
         sock.bind((host, port))
         sock.setblocking(False)
-        t = UdpTransport(sock)
+        t = UdpTransport(sock, advertise=advertise)
     except BaseException:
         sock.close()
         raise

@@ -5,7 +5,8 @@ calls its applications synchronously (``deliver`` / ``forward`` / ``update``). A
 :class:`Endpoint` turns ``deliver`` into an async iterator of :class:`Delivery` through a bounded
 trio memory channel (full: dropped and counted, never blocking the core) and offers ``route`` /
 ``send`` as awaitables. :class:`LookupApp` is the built-in application behind the control
-protocol's lookups (``overlay.live.control``): the node responsible for a key answers the asker.
+protocol's lookups (``overlay.live.control``): the node responsible for a key answers the asker
+(or, for a control client's lookup, the entry node that relays to the client).
 """
 
 from __future__ import annotations
@@ -126,11 +127,19 @@ class LookupApp:
             self.node.counters["bad_lookup"] += 1
             return
         nonce, asker, entry = payload
-        reply = LookupReply(nonce, key, self.node.handle, entry)
-        if asker.id == self.node.id:
-            self.node.deliver_reply(reply)
+        node = self.node
+        reply = LookupReply(nonce, key, node.handle, entry)
+        if asker.id != entry.id and asker.address == entry.address:
+            # a control client's lookup, relayed by the entry node (overlay.live.node): the
+            # entry forwards our signed answer as it is, so it is bound to no receiver
+            if entry.id == node.id:
+                node.relay_reply(reply)
+            else:
+                node.send_unbound(entry.address, reply, entry.id)
+        elif asker.id == node.id:
+            node.deliver_reply(reply)
         else:
-            self.node.send_message(asker.address, reply, asker.id)
+            node.send_message(asker.address, reply, asker.id)
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
         return next_hop

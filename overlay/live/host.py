@@ -48,8 +48,15 @@ class NodeHost(Protocol):
     def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
         """Encode, sign and send ``msg``."""
 
+    def send_unbound(self, address: Address, msg: Message, peer: NodeId | None) -> None:
+        """Encode, sign and send ``msg`` bound to no receiver id (a relayed lookup answer)."""
+
     def deliver_reply(self, msg: Message) -> None:
         """Hand a control reply to the request waiting for it."""
+
+    def relay_reply(self, msg: Message) -> None:
+        """Answer a control client whose lookup this node routed (it is responsible for the
+        key; ``msg`` is the ``LookupReply``)."""
 
     def require_core(self) -> KbrCore:
         """The running core, or raise ``NotReadyError``."""

@@ -18,11 +18,20 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
   core's ``on_done``; :class:`Endpoint` turns ``deliver`` upcalls into an async iterator;
   :meth:`Node.probe` waits on a proximity callback. Timeouts map to our own exceptions.
 * A small read-only control protocol (status and lookup requests, tags 16–19) lets the CLI and
-  operators ask a running node about itself and about who is responsible for a key.
+  operators ask a running node about itself and about who is responsible for a key. Control
+  answers go to the address the request was *observed* from — the datagram's source, or on TCP
+  the very connection it came on — never to the address the asker claims. A lookup is routed
+  with this node as the way back: the responsible node answers here (its reply signed by itself
+  and bound to no receiver) and this node forwards those exact bytes to the asker, so a client
+  that cannot be dialled (bound to ``0.0.0.0``, behind a NAT) still gets its answer.
+* Addresses: the node tells peers ``advertise`` if given, else its transport's address; a
+  wildcard (``0.0.0.0``, ``::``) is refused with :class:`~transports.address.WildcardAddressError`
+  before anything is sent, since no peer could reach it.
 
 Split by concern (each module re-exported here): :mod:`overlay.live.runtime` (the Runtime: clock,
 timer heap, sends), :mod:`overlay.live.apps` (application endpoints and the lookup application),
-:mod:`overlay.live.control` (the control messages and :class:`ControlClient`).
+:mod:`overlay.live.control` (the control messages and :class:`ControlClient`),
+:mod:`overlay.live.serving` (how this node admits and answers control requests).
 """
 
 from __future__ import annotations
@@ -51,7 +60,6 @@ from overlay.kbr import KbrCore
 from overlay.live.apps import LOOKUP_APP, Delivery, Endpoint, LookupApp
 from overlay.live.control import (
     ControlClient,
-    CookieReply,
     LookupReply,
     LookupRequest,
     Proven,
@@ -61,11 +69,12 @@ from overlay.live.control import (
 )
 from overlay.live.gate import ControlGate
 from overlay.live.runtime import TrioRuntime, exit_nursery
+from overlay.live.serving import ControlHandler, ControlServer
 from overlay.messages import Message
 from overlay.multicast import Multicast
 from overlay.multicast import attach as attach_multicast
 from overlay.wire import Wire, WireError, encode_message, intern_handle
-from transports.address import AddressError, parse_address
+from transports.address import AddressError, advertised_address, parse_address
 from transports.auth import Signer, Verifier
 from transports.base import Transport
 from transports.codec import Limits
@@ -73,6 +82,7 @@ from transports.codec import Limits
 __all__ = [
     "LOOKUP_APP",
     "ControlClient",
+    "ControlHandler",
     "CoreFactory",
     "Delivery",
     "Endpoint",
@@ -88,8 +98,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CoreFactory = Callable[..., KbrCore]
-#: ``handler(src, request, reply)``: answer a control request by calling ``reply(message)``
-ControlHandler = Callable[[NodeHandle, Message, Callable[[Message], None]], None]
 
 _OVERLAYS: dict[str, tuple[str, str]] = {
     "pastry": ("overlay.pastry.core", "PastryCore"),
@@ -104,13 +112,16 @@ class ProbeError(OverlayError):
     """A probed peer did not answer (declared dead) or the probe timed out."""
 
 
-class Node:
+class Node(ControlServer):
     """A live overlay node: ``async with Node(transport, overlay="pastry") as node``.
 
     ``identity`` defaults to a fresh key; ``config`` is the overlay's config
     (``PastryConfig`` / ``SmallWorldConfig``); ``overlay`` is ``"pastry"``, ``"smallworld"`` or a
     factory ``(runtime, handle[, config]) -> KbrCore``. ``signing=False`` sends unsigned
     envelopes and accepts unsigned ones (an explicit opt-out, for comparisons only).
+    ``advertise`` is the address peers are told (``udp://IP:PORT``, or a bare IP taking the
+    bound port); it is required when the transport is bound to a wildcard such as ``0.0.0.0``
+    (:class:`~transports.address.WildcardAddressError` otherwise).
     """
 
     def __init__(
@@ -126,6 +137,7 @@ class Node:
         join_timeout_s: float = 30.0,
         limits: Limits | None = None,
         core_kwargs: Mapping[str, Any] | None = None,
+        advertise: str | None = None,
     ) -> None:
         if isinstance(overlay, str) and overlay not in _OVERLAYS:
             raise ConfigError(
@@ -134,6 +146,8 @@ class Node:
         if not join_timeout_s > 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {join_timeout_s!r}")
         self.transport = transport
+        #: the address peers are told (never a wildcard)
+        self._address: str = advertised_address(transport.address, advertise)
         self.overlay = overlay if isinstance(overlay, str) else getattr(overlay, "__name__", "?")
         self._factory = overlay
         self.identity = identity if identity is not None else Identity.generate()
@@ -163,8 +177,8 @@ class Node:
         self._runtime: TrioRuntime | None = None
         self._nursery_cm: Any = None
         self._scope: trio.CancelScope | None = None
-        self._use_reply_to = transport.address.startswith("tcp://")
-        self._scheme = transport.address.partition("://")[0]
+        self._use_reply_to = self._address.startswith("tcp://")
+        self._scheme = self._address.partition("://")[0]
         self._started_at = 0.0
         self._closed = False
         self.closed_event = trio.Event()
@@ -172,6 +186,8 @@ class Node:
         self._control_handlers: dict[type[Message], ControlHandler] = {}
         self._gate = ControlGate()
         self._own_id_bytes = self.identity.id.to_bytes_be()
+        #: control lookups routed for an asker: nonce -> (where the asker was observed, until)
+        self._relays: dict[int, tuple[str, float]] = {}
 
     # ------------------------------------------------------------------ properties
     @property
@@ -180,11 +196,12 @@ class Node:
 
     @property
     def address(self) -> str:
-        return self.transport.address
+        """The address peers are told (``advertise``, else the transport's; never a wildcard)."""
+        return self._address
 
     @property
     def handle(self) -> NodeHandle:
-        return NodeHandle(self.identity.id, self.transport.address)
+        return NodeHandle(self.identity.id, self._address)
 
     @property
     def core(self) -> KbrCore:
@@ -350,6 +367,15 @@ class Node:
     # ------------------------------------------------------------------ I/O
     def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
         """Encode, sign and send ``msg`` to ``address`` (``peer``: the receiver's id, if known)."""
+        self._send(address, msg, peer, True)
+
+    def send_unbound(self, address: Address, msg: Message, peer: NodeId | None) -> None:
+        """Like :meth:`send_message`, but the envelope is bound to no receiver id: a lookup
+        answer that the node at ``address`` forwards as it is to its asker. ``peer`` still lets
+        TLS check whom it reached."""
+        self._send(address, msg, peer, False)
+
+    def _send(self, address: Address, msg: Message, peer: NodeId | None, bind: bool) -> None:
         if self._closed:
             return
         if not isinstance(address, str):
@@ -362,7 +388,7 @@ class Node:
             log.exception("cannot encode %s", type(msg).__name__)
             return
         to = peer.to_bytes_be() if peer is not None else None
-        frame = self._signer.seal(self.transport.address, body, to)
+        frame = self._signer.seal(self._address, body, to if bind else None)
         self.transport.send_nowait(address, frame, to)
 
     async def _receive_loop(self) -> None:
@@ -409,22 +435,32 @@ class Node:
             except AddressError:
                 self._counters["bad_reply_address"] += 1
                 return
-        src = intern_handle(opened.sender_hash, address)
         t = type(msg)
-        if t is Proven:
-            assert isinstance(msg, Proven)
-            proven = self._gate.valid(msg.cookie, address, trio.current_time())
-            self._admit_control(src, msg.request, proven, len(data))
+        if t is Proven or t is StatusRequest or t is LookupRequest or t in self._control_handlers:
+            # control answers go where the request was observed from (UDP: its source; TCP: back
+            # over its connection), never to a claimed address
+            asker = intern_handle(opened.sender_hash, src_addr)
+            if t is Proven:
+                assert isinstance(msg, Proven)
+                proven = self._gate.valid(msg.cookie, src_addr, trio.current_time())
+                self._admit_control(asker, msg.request, proven, len(data))
+            else:
+                self._admit_control(asker, msg, False, len(data))
             return
-        if t is StatusRequest or t is LookupRequest or t in self._control_handlers:
-            self._admit_control(src, msg, False, len(data))
-            return
+        src = intern_handle(opened.sender_hash, address)
         if t is LookupReply:
             assert isinstance(msg, LookupReply)
             if msg.responsible.id != src.id:
                 # only the responsible node itself may answer (its key proves its id): an echo
                 # of the nonce from anyone else would redirect the lookup
                 self._counters["lookup_reply_forged"] += 1
+                return
+            relay = self._relays.pop(msg.nonce, None)
+            if relay is not None:
+                # an answer for a client we routed for: forward its exact bytes (signed by the
+                # responsible node, which the client checks) over the client's own path
+                self._counters["lookups_relayed"] += 1
+                self.transport.send_nowait(relay[0], data, None)
                 return
             self.deliver_reply(msg)
             return
@@ -442,74 +478,6 @@ class Node:
             waiter(msg)
         else:
             self._counters["unexpected_reply"] += 1
-
-    def _admit_control(self, src: NodeHandle, msg: Message, proven: bool, size: int) -> None:
-        """Rate-limit, then answer a control request; a source that has not proven its
-        address gets only a cookie, and only if that answer is no larger than its request
-        (``size`` bytes): :mod:`overlay.live.gate`, no amplification."""
-        now = trio.current_time()
-        addr = str(src.address)
-        if not self._gate.admit(addr, now):
-            self._counters["control_rate_limited"] += 1
-            return
-        t = type(msg)
-        if not proven:
-            nonce = getattr(msg, "nonce", None)
-            if not isinstance(nonce, int):
-                self._counters["control_unknown"] += 1
-                return
-            body = encode_message(CookieReply(nonce, self._gate.cookie(addr, now)))
-            frame = self._signer.seal(self.transport.address, body, None)
-            if len(frame) > size:
-                self._counters["control_unpadded"] += 1
-                return
-            self._counters["control_cookies_sent"] += 1
-            self.transport.send_nowait(addr, frame, None)
-            return
-        if t is StatusRequest or t is LookupRequest:
-            self._on_control(src, msg)
-            return
-        handler = self._control_handlers.get(t)
-        if handler is not None:
-            self._on_extra_control(handler, src, msg)
-            return
-        self._counters["control_unknown"] += 1
-
-    def _on_control(self, src: NodeHandle, msg: Message) -> None:
-        core = self._core
-        if core is None:
-            return
-        if isinstance(msg, StatusRequest):
-            self.send_message(src.address, self.status_reply(msg.nonce), src.id)
-        elif isinstance(msg, LookupRequest):
-            if not core.ready:
-                self._counters["lookup_not_ready"] += 1
-                return
-            core.route(msg.key, LOOKUP_APP, (msg.nonce, src, self.handle))
-
-    def add_control_handler(self, request: type[Message], handler: ControlHandler) -> None:
-        """Answer control requests of class ``request`` (tools such as the CLI send them).
-
-        ``handler(src, msg, reply)`` runs in the receive loop and must not block; it calls
-        ``reply(message)`` when it has the answer — at once, or later from a timer or a plugin's
-        completion callback (a discovery query). A handler that raises is counted
-        (``control_errors``) and the request dropped; the node keeps serving.
-        """
-        if request in (StatusRequest, LookupRequest):
-            raise OverlayError(f"{request.__name__} is answered by the node itself")
-        if request in self._control_handlers:
-            raise OverlayError(f"a control handler for {request.__name__} is already set")
-        self._control_handlers[request] = handler
-
-    def _on_extra_control(self, handler: ControlHandler, src: NodeHandle, msg: Message) -> None:
-        def reply(answer: Message) -> None:
-            self.send_message(src.address, answer, src.id)
-
-        try:
-            handler(src, msg, reply)
-        except Exception:
-            self._counters["control_errors"] += 1
-            log.exception("control handler for %s failed", type(msg).__name__)
 
     def status_reply(self, nonce: int = 0) -> StatusReply:
         """This node's :class:`StatusReply` (what ``flockring status`` shows)."""

@@ -28,10 +28,12 @@ class MulticastHost(Protocol):
     """
 
     @property
-    def core(self) -> KbrCore: ...
+    def core(self) -> KbrCore:
+        """The KBR core of the local node."""
 
     @property
-    def listeners(self) -> Sequence[Callable[[Any], None]]: ...
+    def listeners(self) -> Sequence[Callable[[Any], None]]:
+        """Callbacks run with the payload of each broadcast that reaches this node."""
 
 
 class UnknownAggregatorError(OverlayError, KeyError):
@@ -111,15 +113,19 @@ class Count:
     """
 
     def map(self, mc: MulticastHost, arg: Any) -> int:
+        """Each node counts itself once."""
         return 1
 
     def reduce(self, arg: Any, acc: int, child: int) -> int:
+        """Add a child subtree's count."""
         return acc + child
 
     def done(self, arg: Any, acc: int) -> bool:
+        """First-Fit: done once ``arg`` nodes were counted (never when ``arg`` is None)."""
         return arg is not None and acc >= arg
 
     def merge(self, arg: Any, a: int, b: int) -> int:
+        """Keep the larger of the two trees' counts."""
         return max(a, b)
 
 
@@ -131,15 +137,19 @@ class CollectIds:
     """
 
     def map(self, mc: MulticastHost, arg: Any) -> tuple[NodeId, ...]:
+        """This node's id, alone."""
         return (mc.core.id,)
 
     def reduce(self, arg: Any, acc: tuple[NodeId, ...], child: tuple[NodeId, ...]) -> Any:
+        """Append a child subtree's ids."""
         return acc + child
 
     def done(self, arg: Any, acc: tuple[NodeId, ...]) -> bool:
+        """First-Fit: done once ``arg`` ids were collected (never when ``arg`` is None)."""
         return arg is not None and len(acc) >= arg
 
     def merge(self, arg: Any, a: tuple[NodeId, ...], b: tuple[NodeId, ...]) -> Any:
+        """Union of the two trees' ids, sorted."""
         return tuple(sorted(set(a) | set(b)))
 
 

@@ -122,6 +122,7 @@ class Multicast(TreeProtocol):
         self.listeners.append(fn)
 
     def aggregator(self, name: str) -> Aggregator | None:
+        """The aggregator registered here under ``name``, else the built-in one, else None."""
         if self._aggs is not None:
             a = self._aggs.get(name)
             if a is not None:
@@ -361,6 +362,9 @@ class Multicast(TreeProtocol):
         if not 0.0 < level <= cfg.max_level_s:
             core.stats["multicast_clamped"] += 1
             level = cfg.max_level_s if level > cfg.max_level_s else cfg.level_s
+        # an aggregator may refuse a goal from the wire (raise, dropped and counted by the
+        # core): ask before any session exists, so a refused query leaves nothing behind
+        early = value is not None and a.done(q.arg, value)
         s = self._new_session(q.qid, q.agg, a, q.arg)
         # ring-size estimates from 4 neighbours are noisy (a few times either way); the larger
         # of ours and the one handed down errs towards longer budgets, never cut subtrees
@@ -371,7 +375,7 @@ class Multicast(TreeProtocol):
         s.answer_by = now + budget
         if inside:
             s.acc, s.nodes = value, 1
-        if value is not None and a.done(q.arg, value):
+        if early:
             s.early = True
         else:
             self._dispatch(s, b, e, q.avoid, q.ttl, pts)

@@ -47,6 +47,9 @@ Cached = tuple[Any, tuple[Range, ...], int]
 
 
 class ChildRecord:
+    """One child of a session: the sub-query sent to it, its timers and its state (SENT, ACKED,
+    ANSWERED or FAILED)."""
+
     __slots__ = ("ack_by", "attempts", "deadline", "handle", "msg", "sent_at", "state")
 
     def __init__(self, handle: NodeHandle, msg: McQuery, now: float, ack_by: float) -> None:

@@ -136,12 +136,15 @@ class PastryConfig:
 
     @property
     def half_leaf(self) -> int:
+        """Leaf-set members kept on each side of the node."""
         return self.leaf_set_size // 2
 
     @property
     def rows(self) -> int:
+        """Routing-table rows: digits of a 160-bit id in base ``2**b_bits``."""
         return 160 // self.b_bits
 
     @property
     def cols(self) -> int:
+        """Routing-table columns: one per digit value."""
         return 1 << self.b_bits

@@ -103,12 +103,15 @@ class PastryCore(KbrCore):
 
     # ------------------------------------------------------------------ driver-facing
     def start(self) -> None:
+        """Start leaf-set heartbeats and routing-table maintenance."""
         self.maint.start()
 
     def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
+        """Join through ``seeds`` with the Pastry join protocol; an empty list starts a new ring."""
         self.joiner.start_join(seeds, on_done)
 
     def stop(self) -> None:
+        """Stop answering, stop maintenance and any join, and drop in-flight probes."""
         super().stop()
         self.maint.stop()
         self.joiner.stop()
@@ -117,10 +120,14 @@ class PastryCore(KbrCore):
 
     @property
     def join_state(self) -> JoinState:
+        """Where this node's join protocol stands."""
         return self.joiner.state
 
     # ------------------------------------------------------------------ routing (hot path)
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        """Pastry routing: the closest leaf when ``key`` is within the leaf set, else the
+        routing-table entry sharing one more digit, else (the rare case) a known node sharing as
+        long a prefix that is numerically closer; None = deliver here."""
         bad = self.prox.bad
         leaf = self.leaf
         if leaf.in_range(key):
@@ -187,10 +194,12 @@ class PastryCore(KbrCore):
         return out[: max(0, n)]
 
     def neighbor_set(self, n: int) -> list[NodeHandle]:
+        """Up to ``n`` live leaf-set members, closest first."""
         bad = self.prox.bad
         return [h for h in self.leaf.ordered_by_distance() if h not in bad][: max(0, n)]
 
     def replica_set(self, key: NodeId, k: int) -> list[NodeHandle]:
+        """Up to ``k`` live leaf-set members and this node, numerically closest to ``key`` first."""
         bad = self.prox.bad
         cands = [h for h in self.leaf.nodes() if h not in bad]
         cands.append(self.handle)
@@ -198,6 +207,7 @@ class PastryCore(KbrCore):
         return cands[: max(0, k)]
 
     def known_in_range(self, begin: NodeId, end: NodeId) -> list[NodeHandle]:
+        """Live leaf-set and routing-table nodes in [begin, end), clockwise from ``begin``."""
         bad = self.prox.bad
         out = [
             h
@@ -208,6 +218,7 @@ class PastryCore(KbrCore):
         return out
 
     def known_nodes(self) -> list[NodeHandle]:
+        """The leaf set followed by the routing-table entries, without duplicates."""
         seen = set(self.leaf.members)
         out = list(self.leaf.nodes())
         for h in self.table.entries():
@@ -222,6 +233,7 @@ class PastryCore(KbrCore):
 
     @property
     def leaf_set(self) -> tuple[NodeHandle, ...]:
+        """The leaf-set members."""
         return self.leaf.nodes()
 
     # ------------------------------------------------------------------ state mutation

@@ -54,10 +54,12 @@ class PastryHost(Protocol):
     table: RoutingTable
 
     @property
-    def joiner(self) -> JoinerView: ...
+    def joiner(self) -> JoinerView:
+        """The node's join protocol."""
 
     @property
-    def maint(self) -> MaintenanceView: ...
+    def maint(self) -> MaintenanceView:
+        """The node's maintenance protocol."""
 
     def add_leaf(self, h: NodeHandle) -> bool:
         """Offer ``h`` to the leaf set; True if it was added."""

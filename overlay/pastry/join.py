@@ -78,6 +78,8 @@ _PROBING_SLACK = 6.0
 
 
 class JoinState(enum.Enum):
+    """States of the joiner (see the state machine above)."""
+
     IDLE = "idle"
     LOCATING = "locating"
     JOINING = "joining"
@@ -154,6 +156,8 @@ class JoinProtocol:
 
     # ------------------------------------------------------------------ joiner side
     def start_join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None) -> None:
+        """Begin a join through ``seeds`` (the first node of a ring when empty); ``on_done(ok)``
+        reports the outcome. Raises OverlayError if already joining or joined."""
         if self.state in _ACTIVE:
             raise OverlayError("a join is already in progress on this node")
         if self.state is JoinState.READY:
@@ -209,6 +213,8 @@ class JoinProtocol:
         core.runtime.send(src, NearbyReply(msg.nonce, row, entries))
 
     def on_nearby_reply(self, src: NodeHandle, msg: NearbyReply) -> None:
+        """LOCATING: measure the RTT to the sender and the nodes it listed, then step towards
+        the closest node found."""
 
         entries = check_handles(msg.entries)
         if self.state is not JoinState.LOCATING or msg.nonce != self.nonce:
@@ -333,6 +339,7 @@ class JoinProtocol:
         self._send_request()
 
     def on_join_rows(self, src: NodeHandle, msg: JoinRows) -> None:
+        """A hop on the join route sent its rows: offer them to the routing table through PNS."""
 
         entries = check_handles(msg.entries)
         if msg.nonce != self.nonce or self.state not in (JoinState.JOINING, JoinState.PROBING):
@@ -342,6 +349,8 @@ class JoinProtocol:
                 self._pns(h)
 
     def on_join_reply(self, src: NodeHandle, msg: JoinReply) -> None:
+        """The root answered our join: offer its leaf set and row and move to PROBING (on a ready
+        node, a partition healer's reply, merged as gossip)."""
 
         leaves = check_handles(msg.leaves)
         entries = check_handles(msg.entries)
@@ -434,6 +443,7 @@ class JoinProtocol:
             self._become_ready()
 
     def on_dead(self, h: NodeHandle) -> None:
+        """``h`` was declared dead: stop waiting for its confirmation and recheck readiness."""
         ask = self._asked.pop(h, None)
         if ask is not None and ask.timer is not None:
             ask.timer.cancel()
@@ -466,6 +476,7 @@ class JoinProtocol:
         self._confirmed.clear()
 
     def stop(self) -> None:
+        """Cancel the join timer, pending leaf-set requests and nearby-node discovery."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -480,6 +491,7 @@ class JoinProtocol:
 
     # ------------------------------------------------------------------ existing-node side
     def on_join_request(self, src: NodeHandle, msg: JoinRequest) -> None:
+        """On an existing node: a joiner asks us to route its join (refused until we are ready)."""
         core = self.core
         if not core.ready:
             core.stats["join_refused_not_ready"] += 1

@@ -120,9 +120,11 @@ class LeafSet:
         return best
 
     def cw_extreme(self) -> NodeHandle | None:
+        """The farthest clockwise member, or None if that side is empty."""
         return self.cw[-1] if self.cw else None
 
     def ccw_extreme(self) -> NodeHandle | None:
+        """The farthest counter-clockwise member, or None if that side is empty."""
         return self.ccw[-1] if self.ccw else None
 
     def neighbors(self) -> tuple[NodeHandle | None, NodeHandle | None]:
@@ -130,6 +132,7 @@ class LeafSet:
         return (self.ccw[0] if self.ccw else None, self.cw[0] if self.cw else None)
 
     def is_full(self) -> bool:
+        """Whether both sides hold their full ``half`` members."""
         return len(self.cw) >= self.half and len(self.ccw) >= self.half
 
     def short_sides(self) -> tuple[bool, bool]:

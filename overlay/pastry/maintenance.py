@@ -500,6 +500,9 @@ class Maintenance:
         self._part_timer = rt.call_later(cfg.partition_check_interval_s, self._partition_check)
         now = rt.now()
         core.prox.expire_dead()
+        # proximity state only for peers our tables hold (overlay/proximity.py): without this the
+        # table keeps every peer ever measured, growing for as long as the node runs under churn
+        core.prox.forget_unreferenced({*core.leaf.members, *core.table.entries()})
         members = core.leaf.members
         for h in [h for h in self._hb_seen if h not in members]:
             del self._hb_seen[h]

@@ -46,6 +46,8 @@ Handles = tuple[NodeHandle, ...]
 @register(30)
 @attrs.frozen(slots=True)
 class JoinRequest(Message):
+    """Joiner → seed (or healer → gone node): route a join for my id (R&D 2001 §2.4)."""
+
     nonce: int
     rejoin: bool = False
 
@@ -53,6 +55,8 @@ class JoinRequest(Message):
 @register(31)
 @attrs.frozen(slots=True)
 class JoinPayload(Message):
+    """The payload of the routed join, carrying the joiner's handle to each hop."""
+
     joiner: NodeHandle
     nonce: int
     rejoin: bool = False
@@ -61,6 +65,8 @@ class JoinPayload(Message):
 @register(32)
 @attrs.frozen(slots=True)
 class JoinRows(Message):
+    """A hop on the join route → joiner: its routing rows for the joiner's table."""
+
     nonce: int
     entries: Handles
 
@@ -68,6 +74,8 @@ class JoinRows(Message):
 @register(33)
 @attrs.frozen(slots=True)
 class JoinReply(Message):
+    """Numerically closest node → joiner: its leaf set and routing row."""
+
     nonce: int
     leaves: Handles
     entries: Handles
@@ -76,6 +84,8 @@ class JoinReply(Message):
 @register(34)
 @attrs.frozen(slots=True)
 class LeafSetRequest(Message):
+    """Any node → leaf-set member: send me your leaf set (``insert_me``: consistent join)."""
+
     nonce: int
     insert_me: bool = False
 
@@ -83,6 +93,8 @@ class LeafSetRequest(Message):
 @register(35)
 @attrs.frozen(slots=True)
 class LeafSetReply(Message):
+    """Leaf-set member → asker: my leaf set."""
+
     nonce: int
     leaves: Handles
 
@@ -90,6 +102,8 @@ class LeafSetReply(Message):
 @register(36)
 @attrs.frozen(slots=True)
 class Heartbeat(Message):
+    """Node → immediate neighbours every period: my leaf set and recent failures."""
+
     leaves: Handles
     #: recently found dead, as (node, seconds since it was found dead) — FreePastry CJP's
     #: "failed set". The age lets a receiver that heard from the node since ignore the report.
@@ -99,6 +113,8 @@ class Heartbeat(Message):
 @register(37)
 @attrs.frozen(slots=True)
 class LeafFailed(Message):
+    """Node → its leaf set on detecting a member failed."""
+
     dead: NodeHandle
     ago_s: float = 0.0  # how long ago it was found dead
 
@@ -106,6 +122,8 @@ class LeafFailed(Message):
 @register(38)
 @attrs.frozen(slots=True)
 class RowRequest(Message):
+    """Node → routing-table entry: send me a slot (repair) or a whole row (periodic exchange)."""
+
     row: int
     col: int  # -1 = the whole row
 
@@ -113,6 +131,8 @@ class RowRequest(Message):
 @register(39)
 @attrs.frozen(slots=True)
 class RowReply(Message):
+    """Routing-table entry → asker: the requested row entries."""
+
     row: int
     entries: Handles
 
@@ -120,12 +140,16 @@ class RowReply(Message):
 @register(40)
 @attrs.frozen(slots=True)
 class TableAnnounce(Message):
+    """Newly ready node → its routing-table entries: I exist, here is the RTT I measured."""
+
     rtt_s: float  # measured by the sender; < 0 when unknown
 
 
 @register(41)
 @attrs.frozen(slots=True)
 class NearbyRequest(Message):
+    """Joiner → seed or closer node: your leaf set or a routing row, for nearby-node discovery."""
+
     nonce: int
     row: int  # -1 = the leaf set
 
@@ -133,6 +157,8 @@ class NearbyRequest(Message):
 @register(42)
 @attrs.frozen(slots=True)
 class NearbyReply(Message):
+    """Seed or closer node → joiner: the leaf set or row asked for, to probe."""
+
     nonce: int
     row: int
     entries: Handles

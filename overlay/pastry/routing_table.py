@@ -47,6 +47,7 @@ class RoutingTable:
 
     # ------------------------------------------------------------------ queries
     def get(self, row: int, col: int) -> NodeHandle | None:
+        """The entry at (row, col), or None when empty."""
         r = self.rows[row]
         return None if r is None else r[col]
 
@@ -56,6 +57,7 @@ class RoutingTable:
         return [] if r is None else [h for h in r if h is not None]
 
     def entries(self) -> Iterator[NodeHandle]:
+        """Every filled entry, row by row."""
         for r in self.rows:
             if r is not None:
                 for h in r:
@@ -79,6 +81,7 @@ class RoutingTable:
         return tuple(out)
 
     def populated_rows(self) -> list[int]:
+        """Indices of the rows that hold at least one entry."""
         return [i for i, r in enumerate(self.rows) if r is not None and any(r)]
 
     def __len__(self) -> int:

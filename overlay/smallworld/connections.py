@@ -77,6 +77,8 @@ class ConnectionTable:
         return tuple(reversed(a[-self.near :]))
 
     def is_near(self, h: NodeHandle) -> bool:
+        """Whether ``h`` is a connection inside the near window (every connection is near when there
+        are at most ``2 * near`` of them)."""
         a = self.all
         try:
             i = a.index(h)
@@ -163,6 +165,7 @@ class ConnectionTable:
         return True
 
     def add_out(self, h: NodeHandle) -> None:
+        """Record ``h`` as a connection we opened (outgoing) and add it to the table."""
         if h.id == self.me:
             return
         if h not in self.out:
@@ -170,6 +173,7 @@ class ConnectionTable:
         self.add(h)
 
     def add_in(self, h: NodeHandle) -> None:
+        """Record ``h`` as a connection a peer opened to us (incoming) and add it to the table."""
         if h.id == self.me:
             return
         if h not in self.inc:
@@ -177,10 +181,12 @@ class ConnectionTable:
         self.add(h)
 
     def discard_out(self, h: NodeHandle) -> None:
+        """Forget that we opened the connection to ``h`` (the table entry stays)."""
         if h in self.out:
             self.out = tuple(x for x in self.out if x != h)
 
     def discard_in(self, h: NodeHandle) -> None:
+        """Forget that ``h`` opened a connection to us (the table entry stays)."""
         if h in self.inc:
             self.inc = tuple(x for x in self.inc if x != h)
 

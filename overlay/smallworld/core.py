@@ -69,12 +69,14 @@ class MalformedInput(ValueError):
 
 
 def check_handle(h: object) -> NodeHandle:
+    """Return ``h`` if it is a NodeHandle with a NodeId, else raise MalformedInput."""
     if not isinstance(h, NodeHandle) or not isinstance(h.id, NodeId):
         raise MalformedInput(f"not a NodeHandle: {type(h).__name__}")
     return h
 
 
 def check_int(x: object) -> int:
+    """Return ``x`` if it is an int (not a bool), else raise MalformedInput."""
     if isinstance(x, bool) or not isinstance(x, int):
         raise MalformedInput(f"not an int: {type(x).__name__}")
     return x
@@ -158,6 +160,7 @@ class SmallWorldCore(KbrCore):
         self._timer = self.runtime.call_later(first, self._tick)
 
     def stop(self) -> None:
+        """Stop answering, cancel the maintenance tick and abandon any join in progress."""
         super().stop()
         if self._timer is not None:
             self._timer.cancel()
@@ -197,9 +200,11 @@ class SmallWorldCore(KbrCore):
         return self.table.n_hat
 
     def ttl(self) -> int:
+        """The greedy-routing TTL in hops for the current size estimate N̂."""
         return ttl_hops(self.table.n_hat, self.config)
 
     def desired_shortcuts(self) -> int:
+        """How many shortcuts this node should hold for the current size estimate N̂."""
         return desired_shortcuts(self.table.n_hat, self.config)
 
     def next_token(self) -> int:
@@ -209,6 +214,8 @@ class SmallWorldCore(KbrCore):
 
     # ------------------------------------------------------------------ KBR API
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        """Greedy routing over the connection table: the live connection closest to ``key``, or None
+        when this node is closer than every one."""
         return self.table.next_hop(key, self.prox.bad, exclude)
 
     def _live(self) -> list[NodeHandle]:
@@ -246,6 +253,7 @@ class SmallWorldCore(KbrCore):
         return self.table.in_range(begin, end, self.prox.bad)
 
     def known_nodes(self) -> list[NodeHandle]:
+        """Every connection (near and shortcut)."""
         return list(self.table.all)
 
     def near_connections(self) -> list[NodeHandle]:
@@ -297,6 +305,7 @@ class SmallWorldCore(KbrCore):
 
     # ------------------------------------------------------------------ connection changes
     def ensure_link_app(self) -> None:
+        """Register the internal link application (carries ConnectRequest) if it is missing."""
         if LINK_APP not in self.apps:
             self.apps[LINK_APP] = _LinkApp(self)
 

@@ -4,10 +4,10 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
 
 ::
 
-    IDLE --join(seeds)--> ASKING --ConnectReply(JOIN)--> LINKING --all LinkAcks / timeout--> READY
-                           |  ^                                                    (on_done(True))
-                           +--+ timeout: next seed, timeout doubles
-                           |
+    IDLE --join(seeds)--> ASKING --ConnectReply(JOIN)--> LINKING --all LinkAcks--> READY
+                           |  ^                             |  --timeout, >= 1 link--^
+                           |  +-- timeout: next seed, <-----+  timeout, no link   (on_done(True))
+                           |      timeout doubles
                            +--retries exhausted--> FAILED (on_done(False))
 
 * The joiner knows seeds only by address, so it sends :class:`JoinRequest` to one of them with
@@ -17,8 +17,12 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
   closest to that id: the joiner's future near neighbours on both sides.
 * The joiner links to every candidate that fits its near window (``Link``; the far end adds
   the joiner and trims whoever the joiner pushed out of its own window) and becomes ready once
-  they all acknowledged, or after ``join_link_timeout_s`` (silent candidates are suspected and
-  probed; maintenance replaces them). Shortcuts are created right after, as in Brunet where the
+  they all acknowledged, or after ``join_link_timeout_s`` if at least one did (silent
+  candidates are suspected and probed; maintenance replaces them). If *none* acknowledged —
+  the candidates cannot reach us, as when we advertise an address that is not ours — the
+  attempt failed: the silent candidates are dropped and the next seed is asked; when the
+  retries are exhausted the join fails. A node with no link to show for it is not part of the
+  ring and must not say "ready". Shortcuts are created right after, as in Brunet where the
   shortcut overlord starts once the node is connected.
 * An empty seed list starts a new ring: ready at once.
 """
@@ -31,7 +35,7 @@ from collections.abc import Callable, Sequence
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
 from overlay.smallworld import maintenance
-from overlay.smallworld.messages import JoinRequest
+from overlay.smallworld.messages import NEAR, JoinRequest
 from overlay.smallworld.state import JoinState, SmallWorldHost
 
 log = logging.getLogger(__name__)
@@ -108,7 +112,11 @@ def on_reply(
     added = core.consider_near((responder, *nodes), token)
     st.pending = set(added)
     if not st.pending:
-        _finish(core, True)
+        # nothing new to link: ready only if we already hold a live near connection
+        if _linked(core, st):
+            _finish(core, True)
+        else:
+            _attempt_failed(core, token)
         return
     st.timer = core.runtime.call_later(
         core.config.join_link_timeout_s, lambda: _link_timeout(core, token)
@@ -124,13 +132,35 @@ def on_link_ack(core: SmallWorldHost, src: NodeHandle, token: int) -> None:
         _finish(core, True)
 
 
+def _linked(core: SmallWorldHost, st: JoinState) -> bool:
+    """True if a near connection other than the still-silent candidates is in our table: one
+    that acknowledged our Link, or that linked to us (either way it reached us)."""
+    bad = core.prox.bad
+    return any(h not in st.pending and h not in bad for h in core.table.near_nodes())
+
+
 def _link_timeout(core: SmallWorldHost, token: int) -> None:
     st = core.join_state
     if st is None or st.token != token or core.stopped:
         return
+    if not _linked(core, st):
+        _attempt_failed(core, token)
+        return
     for h in st.pending:
         core.prox.suspect(h)
     _finish(core, True)
+
+
+def _attempt_failed(core: SmallWorldHost, token: int) -> None:
+    """No candidate acknowledged a link: forget them and ask the next seed (or fail)."""
+    st = core.join_state
+    assert st is not None
+    core.stats["join_no_link"] += 1
+    for h in list(st.pending):
+        core.drop(h, NEAR)
+    st.pending = set()
+    st.linking = False
+    _timeout(core, token)
 
 
 def _finish(core: SmallWorldHost, ok: bool) -> None:

@@ -43,6 +43,8 @@ from overlay.smallworld.state import SmallWorldHost
 
 
 def tick(core: SmallWorldHost) -> None:
+    """One maintenance round on a ready node: rejoin if isolated, keep the shortcut count, ping idle
+    connections and, every stabilize interval, send near-repair walks and expire dead records."""
     if not core.ready:
         return
     if not len(core.table):

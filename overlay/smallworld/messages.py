@@ -89,6 +89,8 @@ class Link(Message):
 @register(64)
 @attrs.frozen(slots=True)
 class LinkAck(Message):
+    """Link receiver → sender: the near/join connection is in place (echoes the token)."""
+
     token: int
 
 
@@ -113,5 +115,8 @@ class NearQuery(Message):
 @register(67)
 @attrs.frozen(slots=True)
 class NearReply(Message):
+    """The requester's true neighbour on a side → requester, ending a NearQuery walk: the nodes it
+    knows closest to the requester."""
+
     hop: int
     nodes: tuple[NodeHandle, ...]

@@ -31,10 +31,12 @@ BENCH_MODULES = (
     "sim_adapter.bench.query",
     "sim_adapter.bench.failover",
     "sim_adapter.bench.pools",
+    "sim_adapter.bench.churn_rss",
 )
 
 
 def register_all(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the subcommand of every benchmark module in :data:`BENCH_MODULES` that exists."""
     register_modules(subparsers, BENCH_MODULES)
 
 
@@ -82,6 +84,7 @@ def percentile(xs: Sequence[float], p: float) -> float:
 
 
 def mean(xs: Sequence[float]) -> float:
+    """Arithmetic mean; NaN for an empty sample."""
     return sum(xs) / len(xs) if xs else math.nan
 
 
@@ -95,6 +98,7 @@ def stopwatch() -> Iterator[Callable[[], float]]:
 
 
 def environment() -> dict[str, Any]:
+    """Python version, machine type and CPU count, recorded with each benchmark's figures."""
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -144,6 +148,7 @@ class Progress:
         self._t0 = 0.0
 
     def __call__(self, done: int, total: int) -> None:
+        """Report that ``done`` of ``total`` items are finished (a no-op when disabled)."""
         if not self.enabled or total <= 0:
             return
         if self._rich:

@@ -27,6 +27,7 @@ from sim_adapter.plugins.flock import FixedPool, FlockSim, spawn_signed
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the two announcement rounds and a manager pass; return the figures as a dict."""
     gc.collect()
     rss0 = bench.rss_mib()
     lat = make_latency(args.latency, args.seed)
@@ -128,6 +129,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``flock`` benchmark parser."""
     p = sub.add_parser(
         "flock", help="self-organizing flock: announcements, willing lists, manager pass"
     )

@@ -51,6 +51,7 @@ def _overlay_config(overlay: str, maintenance: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the ring and run the counting queries; return the figures as a dict."""
     from overlay.multicast import Multicast, MulticastConfig
 
     lat = make_latency(args.latency, args.seed)
@@ -222,6 +223,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``multicast`` benchmark parser."""
     p = sub.add_parser("multicast", help="full-ring counting query: latency, depth, wall")
     p.add_argument("--overlay", choices=("smallworld", "pastry"), default="smallworld")
     p.add_argument("--nodes", type=int, default=1000, help="number of nodes N")

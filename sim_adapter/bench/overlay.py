@@ -22,6 +22,8 @@ ROUTING_TYPES = ("RouteMsg", "RouteAck")
 
 
 def add_common_arguments(p: argparse.ArgumentParser, default_nodes: int) -> None:
+    """Add the options shared by the Pastry and small-world benchmarks (size, lookups, build,
+    latency, loss, quiet period, seed, output)."""
     p.add_argument("--nodes", type=int, default=default_nodes, help="number of nodes N")
     p.add_argument("--lookups", type=int, default=2000, help="number of lookups M")
     p.add_argument("--build", choices=("joins", "oracle"), default="joins")
@@ -51,6 +53,7 @@ def add_common_arguments(p: argparse.ArgumentParser, default_nodes: int) -> None
 
 
 def make_latency(spec: str, seed: int) -> Any:
+    """The latency model named by ``spec`` (``matrix:PATH`` loads a matrix file)."""
     from sim_adapter import latency
 
     if spec.startswith("matrix:"):
@@ -70,6 +73,8 @@ def _config(args: argparse.Namespace, overlay: str) -> Any:
 
 
 def run_overlay(args: argparse.Namespace, overlay: str) -> dict[str, Any]:
+    """Build ``overlay`` (``pastry`` or ``smallworld``), idle, then run the oracle-checked lookups;
+    return the figures as a dict."""
     config = _config(args, overlay)
     lat = make_latency(args.latency, args.seed)
     net = Network(seed=args.seed, latency=lat, loss=args.loss)

@@ -10,6 +10,7 @@ from sim_adapter.bench.overlay import add_common_arguments, run_overlay
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The overlay routing benchmark on Pastry."""
     return run_overlay(args, "pastry")
 
 
@@ -19,6 +20,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``pastry`` benchmark parser."""
     p = sub.add_parser("pastry", help="Pastry: build, lookups vs oracle, hops, RDP, maintenance")
     add_common_arguments(p, default_nodes=1000)
     p.set_defaults(func=_main)

@@ -26,6 +26,7 @@ from sim_adapter import bench
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the pools and job traces, run them to completion; return the figures as a dict."""
     rng = random.Random(args.seed)
     gc.collect()
     base = bench.rss_mib()
@@ -82,6 +83,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``pools`` benchmark parser."""
     p = sub.add_parser("pools", help="SimulatedPool throughput (jobs/s) and memory per job")
     p.add_argument("--pools", type=int, default=1000)
     p.add_argument("--seq-len", type=int, default=8, help="jobs per sequence (Butt: 100)")

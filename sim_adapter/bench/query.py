@@ -57,6 +57,8 @@ def _modes(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the ring with machine ads and run the queries in each mode; return the figures as a
+    dict."""
     from sim_adapter.plugins import query as pq
 
     res: dict[str, Any] = {
@@ -182,6 +184,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``query`` benchmark parser."""
     p = sub.add_parser("query", help="ClassAd tree query: latency, visited, bytes/edge, CPU")
     p.add_argument("--overlay", choices=("smallworld", "pastry"), default="smallworld")
     p.add_argument("--nodes", type=int, default=1000, help="number of nodes N")

@@ -15,6 +15,7 @@ from sim_adapter.bench.overlay import add_common_arguments, run_overlay
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The overlay routing benchmark on the small-world ring."""
     return run_overlay(args, "smallworld")
 
 
@@ -24,6 +25,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``smallworld`` benchmark parser."""
     p = sub.add_parser(
         "smallworld", help="small-world ring: build, lookups vs oracle, hops, RDP, maintenance"
     )

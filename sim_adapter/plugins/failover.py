@@ -64,6 +64,7 @@ class Observer:
         self.hooks: list[Callable[[], None]] = []
 
     def __call__(self) -> None:
+        """Run every hook, in order."""
         for h in self.hooks:
             h()
 

@@ -96,6 +96,7 @@ def attach(
 
 
 def query_app(node: SimNode) -> ResourceQuery:
+    """The query application attached to ``node``; OverlayError if there is none."""
     app = node.core.apps.get(dquery.QUERY_APP)
     if not isinstance(app, ResourceQuery):
         raise OverlayError(f"{node!r} has no query application: call attach() first")
@@ -103,6 +104,7 @@ def query_app(node: SimNode) -> ResourceQuery:
 
 
 def pond_app(node: SimNode) -> PoolOnDemand:
+    """The pond application attached to ``node``; OverlayError if there is none."""
     app = node.core.apps.get(dpond.POND_APP)
     if not isinstance(app, PoolOnDemand):
         raise OverlayError(f"{node!r} has no pond application: call attach(pond=True) first")
