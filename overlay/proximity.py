@@ -48,6 +48,8 @@ _NO_BAD: frozenset[NodeHandle] = frozenset()
 
 
 class Liveness(enum.Enum):
+    """A peer's liveness as our own probes last established it."""
+
     UNKNOWN = "unknown"
     ALIVE = "alive"
     SUSPECTED = "suspected"
@@ -78,6 +80,8 @@ class ProximityConfig:
 @register(20)
 @attrs.frozen(slots=True)
 class Ping(Message):
+    """RTT probe: the receiver answers with a :class:`Pong` echoing nonce and send time."""
+
     nonce: int
     sent_at: float
 
@@ -85,6 +89,8 @@ class Ping(Message):
 @register(21)
 @attrs.frozen(slots=True)
 class Pong(Message):
+    """Answer to a :class:`Ping` (must come from the probed id to count)."""
+
     nonce: int
     sent_at: float
 
@@ -162,10 +168,12 @@ class Proximity:
 
     # ------------------------------------------------------------------ queries
     def state(self, h: NodeHandle) -> Liveness:
+        """The liveness of ``h`` (ALIVE for a peer we hold no state for)."""
         p = self.peers.get(h)
         return p.state if p is not None else Liveness.UNKNOWN
 
     def is_dead(self, h: NodeHandle) -> bool:
+        """True if our probes declared ``h`` dead (and the verdict has not expired)."""
         p = self.peers.get(h)
         if p is None or p.state is not Liveness.DEAD:
             return False
@@ -177,14 +185,17 @@ class Proximity:
         return p.min_rtt if p is not None else None
 
     def srtt(self, h: NodeHandle) -> float | None:
+        """Smoothed RTT of ``h`` in seconds (RFC 6298 SRTT), None before any sample."""
         p = self.peers.get(h)
         return p.srtt if p is not None else None
 
     def rto(self, h: NodeHandle) -> float:
+        """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
         p = self.peers.get(h)
         return p.rto if p is not None else self.config.initial_rto_s
 
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
+        """The liveness of every peer we hold state for."""
         return {h: p.state for h, p in self.peers.items()}
 
     # ------------------------------------------------------------------ updates
@@ -364,6 +375,7 @@ class Proximity:
             cb(None)
 
     def on_ping(self, src: NodeHandle, msg: Ping) -> None:
+        """Answer a probe with a pong."""
         self.runtime.send(src, Pong(msg.nonce, msg.sent_at))
 
     def on_pong(self, src: NodeHandle, msg: Pong) -> None:

@@ -130,6 +130,7 @@ class Network:
     # ------------------------------------------------------------------ basics
     @property
     def now(self) -> float:
+        """Virtual time, seconds."""
         return self.engine.now
 
     @property
@@ -138,9 +139,11 @@ class Network:
         return Counter({t.__name__: n for t, n in self._by_class.items()})
 
     def live_nodes(self) -> list[SimNode]:
+        """The nodes currently alive."""
         return [n for n in self.nodes if n.alive]
 
     def node_by_id(self, nid: int) -> SimNode:
+        """The node with id ``nid``."""
         return self._by_id[nid]
 
     def run(self, seconds: float) -> None:
@@ -493,6 +496,7 @@ class Network:
         self._partition = label
 
     def heal(self) -> None:
+        """End the partition: every message is delivered again."""
         self._partition = None
 
     # ------------------------------------------------------------------ oracles

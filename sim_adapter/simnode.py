@@ -117,20 +117,25 @@ class SimRuntime:
 
     @property
     def rng(self) -> random.Random:
+        """The network's seeded generator (shared by every node)."""
         return self.net.rng
 
     def now(self) -> float:
+        """Virtual time, seconds."""
         return self.engine.now
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> EngineTimer:
+        """Schedule ``fn`` in the event loop (silent once this node crashed)."""
         return self.engine.call_later(delay_s, fn, self.node)
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
+        """Deliver ``msg`` to ``dst`` after the latency model's delay (or lose it)."""
         net = self.net
         net._send_to = dst.id  # the receiver id a signed envelope names (fidelity checks it)
         net._send(self.index, dst.address, msg)
 
     def send_address(self, address: Address, msg: Message) -> None:
+        """Send to a bare address (bootstrap), as ``send``."""
         self.net._send(self.index, address, msg)
 
 
@@ -158,10 +163,12 @@ class LookupApp(BaseApplication):
         self.node_id = node_id
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """A lookup reached the responsible node: record where and when."""
         if type(payload) is int:  # anything else is not one of ours (fidelity: from the wire)
             self.net._lookup_delivered(payload, self.node_id)
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """Count the hop; the lookup goes on unchanged."""
         st = self.net._lookups.get(payload) if type(payload) is int else None
         if st is not None:
             st.hops += 1

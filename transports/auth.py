@@ -98,9 +98,11 @@ class Signer:
 
     @property
     def signing(self) -> bool:
+        """True when envelopes are signed (False: the explicit unsigned mode)."""
         return self._key is not None
 
     def next_seq(self) -> int:
+        """The next replay-window sequence number (wall-clock microseconds, increasing)."""
         s = max(self._seq + 1, self._clock())
         self._seq = s
         return s

@@ -84,6 +84,7 @@ class Envelope:
 
     @property
     def signed(self) -> bool:
+        """True if the envelope carries a key and a signature."""
         return self.signature is not None
 
     def signed_bytes(self) -> bytes:
@@ -91,6 +92,7 @@ class Envelope:
         return signed_bytes(self.sender, self.seq, self.reply_to, self.to, self.body)
 
     def pack(self) -> bytes:
+        """The envelope as msgpack bytes."""
         flags = FLAG_SIGNED if self.signature is not None else 0
         return pack_envelope(
             self.sender, self.seq, self.reply_to, self.to, self.body, self.signature, flags

@@ -136,6 +136,7 @@ class MemoryTransport(EndpointMixin):
 
     @property
     def address(self) -> str:
+        """This endpoint's ``mem://`` address."""
         return self._address
 
     @property
@@ -144,6 +145,7 @@ class MemoryTransport(EndpointMixin):
         return self._budget.used
 
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
+        """Queue ``data`` for ``address`` (unknown or full: dropped and counted)."""
         if not self._admit(data):
             return
         self.stats["sent"] += 1
@@ -158,6 +160,7 @@ class MemoryTransport(EndpointMixin):
         self._wakeup.set()
 
     async def receive(self) -> tuple[str, bytes]:
+        """The next ``(source address, datagram)``."""
         while True:
             if self.closed:
                 raise trio.ClosedResourceError("memory transport is closed")
@@ -174,6 +177,7 @@ class MemoryTransport(EndpointMixin):
                 await self._wakeup.wait()
 
     async def aclose(self) -> None:
+        """Leave the network; a pending ``receive`` ends."""
         if self.closed:
             return
         self.closed = True

@@ -164,6 +164,7 @@ class TcpTransport(EndpointMixin):
 
     @property
     def tls(self) -> bool:
+        """True when connections use TLS 1.3."""
         return self._tls is not None
 
     @property
@@ -178,6 +179,7 @@ class TcpTransport(EndpointMixin):
 
     # ------------------------------------------------------------------ sending
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
+        """Queue a frame for ``address`` over an open or new connection (never blocks)."""
         if not self._admit(data):
             return
         conn = self._out.get(address)
@@ -477,6 +479,7 @@ class TcpTransport(EndpointMixin):
                 self.stats["bytes_received"] += n
 
     async def receive(self) -> tuple[str, bytes]:
+        """The next ``(source address, frame)``."""
         try:
             src, frame = await self._recv_recv.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
@@ -485,6 +488,7 @@ class TcpTransport(EndpointMixin):
         return src, frame
 
     async def aclose(self) -> None:
+        """Close the listener and every connection."""
         if self.closed:
             return
         self.closed = True

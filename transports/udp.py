@@ -133,6 +133,7 @@ class UdpTransport(EndpointMixin):
         return d[1]
 
     def send_nowait(self, address: str, data: bytes, peer_id: bytes | None = None) -> None:
+        """Send one datagram (never blocks; an error is counted, not raised)."""
         if not self._admit(data, self._max_send):
             return
         dst = self._sockaddr(address)
@@ -174,6 +175,7 @@ class UdpTransport(EndpointMixin):
         return None
 
     async def receive(self) -> tuple[str, bytes]:
+        """The next ``(source address, datagram)``."""
         while True:
             if self.closed:
                 raise trio.ClosedResourceError("UDP transport is closed")
@@ -186,6 +188,7 @@ class UdpTransport(EndpointMixin):
                 return got
 
     async def aclose(self) -> None:
+        """Close the socket; a pending ``receive`` ends."""
         if self.closed:
             return
         self.closed = True

@@ -62,17 +62,20 @@ class Endpoint:
 
     # upcalls from the core (Application protocol)
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """Queue the delivery for ``async for`` readers (a full queue drops and counts it)."""
         try:
             self._send.send_nowait(Delivery(key, payload, src))
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             self.node.counters["app_queue_full"] += 1
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """The application's forward hook, or pass the message on unchanged."""
         if self._forward is None:
             return next_hop
         return self._forward(key, payload, next_hop)
 
     def update(self, handle: NodeHandle, joined: bool) -> None:
+        """The application's neighbour-change hook, if it gave one."""
         if self._update is not None:
             self._update(handle, joined)
 
@@ -117,6 +120,7 @@ class LookupApp:
         self.node = node
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """Answer a lookup that reached the responsible node: reply to the asker."""
         if (
             not isinstance(payload, tuple)
             or len(payload) != 3
@@ -142,7 +146,9 @@ class LookupApp:
             node.send_message(asker.address, reply, asker.id)
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """Lookups are routed unchanged."""
         return next_hop
 
     def update(self, handle: NodeHandle, joined: bool) -> None:
+        """Neighbour changes do not concern lookups."""
         return None

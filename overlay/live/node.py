@@ -192,6 +192,7 @@ class Node(ControlServer):
     # ------------------------------------------------------------------ properties
     @property
     def id(self) -> NodeId:
+        """This node's id (SHA-1 of its public key)."""
         return self.identity.id
 
     @property
@@ -201,6 +202,7 @@ class Node(ControlServer):
 
     @property
     def handle(self) -> NodeHandle:
+        """This node's handle: its id and the address it advertises."""
         return NodeHandle(self.identity.id, self._address)
 
     @property
@@ -220,6 +222,7 @@ class Node(ControlServer):
 
     @property
     def ready(self) -> bool:
+        """True once the node has joined the overlay."""
         return self._core is not None and self._core.ready
 
     @property
@@ -362,6 +365,7 @@ class Node(ControlServer):
 
     @property
     def closed(self) -> bool:
+        """True once the node has left, crashed or been closed."""
         return self._closed
 
     # ------------------------------------------------------------------ I/O

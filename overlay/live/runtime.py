@@ -90,12 +90,15 @@ class TrioRuntime:
 
     @property
     def rng(self) -> random.Random:
+        """The node's seeded random generator."""
         return self._rng
 
     def now(self) -> float:
+        """trio's clock (so ``MockClock`` drives the node in tests)."""
         return trio.current_time()
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> HeapTimer:
+        """Run ``fn`` after ``delay_s`` seconds from the node's one timer task."""
         if not delay_s >= 0:  # negative or NaN
             delay_s = 0.0
         when = trio.current_time() + delay_s
@@ -115,12 +118,15 @@ class TrioRuntime:
         return t
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
+        """Sign and send ``msg`` to ``dst``."""
         self._node.send_message(dst.address, msg, dst.id)
 
     def send_address(self, address: Address, msg: Message) -> None:
+        """Sign and send ``msg`` to a bare address (bootstrap: the peer's id is unknown)."""
         self._node.send_message(address, msg, None)
 
     async def run(self) -> None:
+        """The timer task: fire due timers, sleep until the next deadline."""
         node = self._node
         while not node.closed:
             now = trio.current_time()
@@ -159,6 +165,7 @@ class HeapTimer(list[Any]):
     __slots__ = ()
 
     def cancel(self) -> None:
+        """Cancel the timer (a no-op once it fired)."""
         if self[2] is not None:
             self[2] = None
             self[3]._n_cancelled += 1

@@ -73,11 +73,14 @@ class ControlServer:
     if TYPE_CHECKING:
 
         @property
-        def handle(self) -> NodeHandle: ...
+        def handle(self) -> NodeHandle:
+            """The node's handle."""
 
-        def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None: ...
+        def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
+            """Sign and send a message."""
 
-        def status_reply(self, nonce: int = 0) -> StatusReply: ...
+        def status_reply(self, nonce: int = 0) -> StatusReply:
+            """The node's status reply."""
 
     def _admit_control(self, src: NodeHandle, msg: Message, proven: bool, size: int) -> None:
         """Rate-limit, then answer a control request; a source that has not proven its

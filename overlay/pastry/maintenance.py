@@ -85,6 +85,7 @@ class Maintenance:
 
     # ------------------------------------------------------------------ timers
     def start(self) -> None:
+        """Arm the heartbeat, lease and partition-check timers."""
         if self._started:
             return
         self._started = True
@@ -102,6 +103,7 @@ class Maintenance:
         )
 
     def stop(self) -> None:
+        """Cancel every maintenance timer."""
         for t in (self._tick_timer, self._row_timer, self._part_timer):
             if t is not None:
                 t.cancel()
@@ -223,6 +225,7 @@ class Maintenance:
                 core.prox.probe(m)
 
     def on_heartbeat(self, src: NodeHandle, msg: Heartbeat) -> None:
+        """A neighbour's heartbeat: renew its lease, merge its leaf set, check consistency."""
         core = self.core
         now = core.runtime.now()
         leaf = core.leaf
@@ -280,6 +283,7 @@ class Maintenance:
         slot: tuple[int, int] | None,
         spread: bool = True,
     ) -> None:
+        """Our own probes found ``h`` dead: repair its slot, tell the leaf set (unless it left)."""
         core = self.core
         now = core.runtime.now()
         self.heard.pop(h, None)
@@ -302,9 +306,11 @@ class Maintenance:
         self._maybe_repair(now)
 
     def on_alive(self, h: NodeHandle) -> None:
+        """``h`` is alive again: it is no longer a gone node to heal through."""
         self.gone.pop(h, None)
 
     def on_leaf_failed(self, src: NodeHandle, msg: LeafFailed) -> None:
+        """A failure report: a hint that makes us probe the named node ourselves."""
         ((dead, ago),) = _check_failed(((msg.dead, msg.ago_s),))
         now = self.core.runtime.now()
         self._failure_report(src, dead, now - ago, now)
@@ -443,6 +449,7 @@ class Maintenance:
                 rt.send(rt.rng.choice(ents), RowRequest(r, -1))
 
     def on_row_request(self, src: NodeHandle, msg: RowRequest) -> None:
+        """Answer a routing-table row request (lazy repair and row exchange)."""
         core = self.core
         table = core.table
         row, col = msg.row, msg.col
@@ -459,6 +466,7 @@ class Maintenance:
         core.learn_alive(src)
 
     def on_row_reply(self, src: NodeHandle, msg: RowReply) -> None:
+        """Offer the entries of a row reply to our routing table (bounded probing)."""
 
         entries = check_handles(msg.entries)
         core = self.core
@@ -470,6 +478,7 @@ class Maintenance:
                 budget -= 1
 
     def on_table_announce(self, src: NodeHandle, msg: TableAnnounce) -> None:
+        """A new node's table announcement: learn it; probe only if it may win a slot."""
         rtt = msg.rtt_s
         if not isinstance(rtt, float | int) or isinstance(rtt, bool) or not math.isfinite(rtt):
             raise ValueError("TableAnnounce.rtt_s must be a finite number")

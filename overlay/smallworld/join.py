@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 def begin(
     core: SmallWorldHost, seeds: Sequence[Address], on_done: Callable[[bool], None] | None
 ) -> None:
+    """Start a join through ``seeds`` (none: a new ring, ready at once)."""
     if core.join_state is not None or core.ready:
         raise OverlayError("join() called on a node that is already joining or joined")
     if core.stopped:
@@ -124,6 +125,7 @@ def on_reply(
 
 
 def on_link_ack(core: SmallWorldHost, src: NodeHandle, token: int) -> None:
+    """A near candidate acknowledged our link; the join ends when all have."""
     st = core.join_state
     if st is None or not st.linking or token != st.token:
         return
@@ -182,6 +184,7 @@ def _finish(core: SmallWorldHost, ok: bool) -> None:
 
 
 def cancel(core: SmallWorldHost) -> None:
+    """Abandon the join under way (the node stops or rejoins)."""
     st = core.join_state
     core.join_state = None
     if st is not None and st.timer is not None:
