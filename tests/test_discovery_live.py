@@ -80,7 +80,7 @@ def test_flock_query_and_pond_across_processes(procs: list[subprocess.Popen[str]
         "--machine-ad",
         "random",
         "--flock-period",
-        "1",
+        "2",
     )
     procs.append(p0)
     idle: list[str] = []
@@ -106,7 +106,7 @@ def test_flock_query_and_pond_across_processes(procs: list[subprocess.Popen[str]
         d = info["decision"]
         return info if d and d["enabled"] and len(d["targets"]) == len(idle) else None
 
-    info = wait_until(flocking, 40, "the loaded pool flocks to every idle pool")
+    info = wait_until(flocking, 90, "the loaded pool flocks to every idle pool")
     listed = {e["collector"] for row in info["willing"] for e in row}
     assert info["decision"]["targets"] and set(info["decision"]["targets"]) == listed
     assert "FLOCK_TO = " in info["condor_config"]
