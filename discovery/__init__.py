@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from discovery.pond_types import PondConfig, PondError, PondResult, ReleaseResult
     from discovery.pool import PoolState, Refusal, SharingRules, SimulatedPool
     from discovery.query import Match, QueryConfig, QueryResult, ResourceQuery
+    from discovery.site import Site, SiteState
+    from discovery.submit import FlockPush, SubmitConfig, SubmitError, SubmitSync
     from discovery.willing import WillingEntry
 
 _LAZY = {
@@ -99,6 +101,12 @@ _LAZY = {
     "QueryResult": "discovery.query",
     "ResourceQuery": "discovery.query",
     "WillingEntry": "discovery.willing",
+    "SubmitSync": "discovery.submit",
+    "SubmitConfig": "discovery.submit",
+    "SubmitError": "discovery.submit",
+    "FlockPush": "discovery.submit",
+    "Site": "discovery.site",
+    "SiteState": "discovery.site",
 }
 
 
@@ -125,6 +133,7 @@ __all__ = [
     "FlockConfig",
     "FlockConfigApplier",
     "FlockDecision",
+    "FlockPush",
     "FlockTarget",
     "JobLedger",
     "MachineAd",
@@ -151,7 +160,12 @@ __all__ = [
     "SchedulerConfig",
     "SharingRules",
     "SimulatedPool",
+    "Site",
+    "SiteState",
     "StateTooLargeError",
+    "SubmitConfig",
+    "SubmitError",
+    "SubmitSync",
     "WillingEntry",
     "apply_config",
     "random_machine_ad",
