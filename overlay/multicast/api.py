@@ -78,6 +78,15 @@ class MulticastConfig:
     relay_ttl: int = attrs.field(default=32, validator=positive)
     #: remembered (parent, token, slot) of recent queries, to ignore retransmitted duplicates.
     dedupe_window: int = attrs.field(default=32, validator=positive)
+    #: queries this node takes part in as an internal node at once (ours: aggregation queries
+    #: are rare — PonD issues one per job cluster — so 128 leaves ample room); beyond it a
+    #: query's region is answered as missing at once, which bounds the state that a flood of
+    #: queries can pin for up to ``max_budget_s``.
+    max_sessions: int = attrs.field(default=128, validator=positive)
+    #: children one session may send to, repairs included (ours: a node knows ~60 nodes of a
+    #: region, and a repair round re-dispatches at most what failed); past it the sub-region is
+    #: reported missing.
+    max_children: int = attrs.field(default=256, validator=positive)
     #: nearest ring neighbours used to estimate the ring size at the root (from their spread;
     #: 4 = the small-world near connections, 2 per side as in Brunet).
     estimate_neighbors: int = attrs.field(default=4, validator=positive)

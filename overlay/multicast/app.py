@@ -337,6 +337,13 @@ class Multicast(TreeProtocol):
                 recent[key] = (None, miss, 0)
                 send(src, McReply(q.token, q.slot, None, miss, 0, 0, False, 0))
                 return
+        if len(self._sessions) >= self.config.max_sessions:
+            # too many queries in progress here: answer "not covered" rather than hold more
+            core.stats["multicast_sessions_full"] += 1
+            lo, hi = region_to_cw(q.direction, q.begin, q.end)
+            miss = ((NodeId(lo), NodeId(hi)),)
+            send(src, McReply(q.token, q.slot, None, miss, 0, 0, False, 0))
+            return
         d, b, e = q.direction, q.begin, q.end
         me = core.id
         inside = b == me or inside_region(d, me, b, e)

@@ -165,6 +165,15 @@ class TreeProtocol(BaseApplication):
                 s.missing.append((NodeId(lo), NodeId(hi)))
                 return
         children = s.children
+        if len(children) >= cfg.max_children:
+            # repairs re-dispatch regions; past the cap the sub-region is reported, not sent, so
+            # one session's state stays bounded whatever its children do
+            core.stats["multicast_children_capped"] += 1
+            lo, hi = region_to_cw(d, b, e)
+            s.missing.append((NodeId(lo), NodeId(hi)))
+            if len(s.missing) > cfg.max_children:
+                s.missing[:] = normalize(s.missing)
+            return
         msg = McQuery(
             s.qid, s.name, s.arg, d, b, e, budget, lvl, s.n_est, ttl, avoid,
             s.token, len(children),

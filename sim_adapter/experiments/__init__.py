@@ -1,3 +1,7 @@
-"""Reproduced experiments, one module per table/figure; each has ``register(subparsers)``."""
+"""Reproduced experiments, one module per table/figure; each has ``register(subparsers)``.
 
-EXPERIMENT_MODULES = ("sim_adapter.experiments.ring",)
+Shared pieces (seeds, replicates on a process pool, 95% intervals, JSON/PNG/markdown output)
+are in :mod:`sim_adapter.experiments.common`.
+"""
+
+EXPERIMENT_MODULES = ("sim_adapter.experiments.ring", "sim_adapter.experiments.butt")
