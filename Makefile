@@ -25,8 +25,10 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# two workers (the machines this runs on have 2 cores); one file per worker, so tests that
+# share network namespaces or processes never overlap
 unit: venv
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 test: venv lint typecheck unit
 
