@@ -17,6 +17,7 @@ from sim_adapter.network import Network
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build a ring by real joins, check lookups against the oracle, crash 20 %, check again."""
     from sim_adapter import latency
 
     lat = latency.by_name(args.latency, seed=args.seed)
@@ -69,6 +70,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``flockring sim ring``."""
     p = sub.add_parser("ring", help="build a ring by joins, route, crash 20%%, route again")
     p.add_argument("--overlay", choices=("pastry", "smallworld"), default="pastry")
     p.add_argument("--nodes", type=int, default=300)

@@ -42,10 +42,12 @@ class FixedPool:
 
     @property
     def running_jobs(self) -> int:
+        """Jobs running in the pool (machines minus free ones)."""
         return self.machines - self.free_machines
 
     @property
     def utilization(self) -> float:
+        """Busy machines over machines (0 for an empty pool)."""
         return self.running_jobs / self.machines if self.machines else 0.0
 
 
@@ -120,6 +122,7 @@ class FlockSim:
             f.start()
 
     def live(self) -> list[tuple[SimNode, Flock]]:
+        """The live nodes and their Flock applications."""
         nodes = self.net.nodes
         return [(nodes[i], f) for i, f in self.flocks.items() if nodes[i].alive]
 
