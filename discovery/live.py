@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -145,8 +146,6 @@ class Discovery:
 
         Announcements are stamped with the wall clock, since pools compare them across hosts.
         """
-        import time
-
         cfg = (
             config
             if config is not None
@@ -310,8 +309,6 @@ class Discovery:
             from discovery.condor import render_flock_config
 
             fragment = render_flock_config(f.decision)
-        import time
-
         reply(InfoReply(msg.nonce, True, flock_info(f, time.time(), fragment)))
 
     def _on_query(self, src: NodeHandle, msg: Message, reply: Reply) -> None:

@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from discovery.condor_pool import CondorPool
+from discovery.flock_config import PoolView
 from discovery.ledger import JobLedger, LedgerCheck, PoolError
 from overlay.runtime import Runtime, Timer
 
@@ -57,8 +58,9 @@ _INF = math.inf
 
 
 @runtime_checkable
-class PoolState(Protocol):
-    """What the Flocking Manager reads about its pool (Butt et al. 2006 §4.1)."""
+class PoolState(PoolView, Protocol):
+    """What the Flocking Manager reads about its pool (Butt et al. 2006 §4.1): the counts of
+    :class:`~discovery.flock_config.PoolView` plus the pool's name and collector."""
 
     @property
     def name(self) -> str:
@@ -68,31 +70,6 @@ class PoolState(Protocol):
     @property
     def collector(self) -> str:
         """The pool's central manager as HTCondor names it (``host`` or ``host:port``)."""
-        ...
-
-    @property
-    def machines(self) -> int:
-        """Job slots the pool has (busy or not)."""
-        ...
-
-    @property
-    def free_machines(self) -> int:
-        """Job slots free to start a job now."""
-        ...
-
-    @property
-    def idle_jobs(self) -> int:
-        """Jobs of this pool's queue waiting to start."""
-        ...
-
-    @property
-    def running_jobs(self) -> int:
-        """Jobs of this pool's queue running now (here or flocked out)."""
-        ...
-
-    @property
-    def utilization(self) -> float:
-        """Busy fraction of the pool's machines, 0.0-1.0 (0.0 for an empty pool)."""
         ...
 
 

@@ -285,7 +285,10 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ demo
-def _spawn_node(count: int, join: list[str], overlay: str) -> subprocess.Popen[str]:
+def _spawn_node(
+    count: int, join: list[str], overlay: str = "pastry", extra: Sequence[str] = ()
+) -> subprocess.Popen[str]:
+    """Start ``flockring node`` with ``count`` nodes on loopback (``extra``: more options)."""
     cmd = [
         sys.executable,
         "-m",
@@ -302,6 +305,7 @@ def _spawn_node(count: int, join: list[str], overlay: str) -> subprocess.Popen[s
     ]
     for j in join:
         cmd += ["--join", j]
+    cmd += extra
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -309,6 +313,8 @@ def _spawn_node(count: int, join: list[str], overlay: str) -> subprocess.Popen[s
 
 
 def _read_nodes(p: subprocess.Popen[str], count: int, timeout_s: float) -> list[tuple[str, str]]:
+    """The ``(id, address)`` of the ``count`` nodes a spawned process reports (CliError if it
+    does not come up in time)."""
     assert p.stdout is not None
     out: list[tuple[str, str]] = []
     deadline = time.monotonic() + timeout_s

@@ -17,10 +17,8 @@ Each step prints what a user would look at; the demo exits non-zero if a step di
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,25 +31,14 @@ __all__ = ["cmd_demo_discovery", "register"]
 
 
 def _spawn(args: list[str], count: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
-    cmd = [sys.executable, "-m", "flockring", "node", "--listen", "udp://127.0.0.1:0"]
-    cmd += ["--nodes", str(count), "--status-interval", "0", *args]
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert p.stdout is not None
-    addrs: list[str] = []
-    deadline = time.monotonic() + 60
-    while len(addrs) < count:
-        line = p.stdout.readline()
-        if not line or time.monotonic() > deadline:
-            p.kill()
-            err = p.stderr.read() if p.stderr is not None else ""
-            raise CliError(f"a demo node process did not come up: {err.strip()[-200:]}")
-        parts = line.split()
-        if parts[:1] == ["NODE"]:
-            addrs.append(parts[2])
-    return p, addrs
+    from flockring.cmd_live import _read_nodes, _spawn_node
+
+    p = _spawn_node(count, [], extra=args)
+    try:
+        return p, [addr for _, addr in _read_nodes(p, count, 60)]
+    except CliError:
+        p.kill()
+        raise
 
 
 def _ask(address: str, msg: Any, timeout_s: float = 30.0) -> Any:
