@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from test_cli_live import ENV, flockring
 
 from flockring.cmd_live import stop_processes
+from overlay.identity import Identity
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +62,10 @@ def ask(*args: str) -> Any:
     return json.loads(r.stdout)
 
 
-def wait_until(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def wait_until(
+    fn: Callable[[], Any], timeout_s: float, what: str, seen: Callable[[], Any] | None = None
+) -> Any:
+    """Poll ``fn`` until it returns something truthy; on timeout fail with what ``seen`` shows."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -68,45 +73,68 @@ def wait_until(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
         if last:
             return last
         time.sleep(0.5)
-    pytest.fail(f"{what}: not within {timeout_s} s (last: {last!r})")
+    shown = seen() if seen is not None else last
+    pytest.fail(f"{what}: not within {timeout_s} s (last: {shown!r})")
 
 
-def test_flock_query_and_pond_across_processes(procs: list[subprocess.Popen[str]]) -> None:
+def distinct_digit_identities(tmp_path: Path, n: int) -> list[str]:
+    """Key files for ``n`` nodes whose ids all differ in their first hex digit.
+
+    TTL-1 announcements reach exactly the announcer's routing-table entries (Butt et al. 2006
+    §5.1.1). Two nodes that share a first digit compete for one row-0 slot of every other
+    node's table, so with random ids (about one 5-node ring in six) a pool can be absent from
+    another's table and its announcements never reach it. With distinct first digits every
+    node sits in row 0 of every other node's table, so the oracle is simply "every idle pool".
+    """
+    rng = random.Random(20261123)
+    paths: list[str] = []
+    digits: set[str] = set()
+    while len(paths) < n:
+        ident = Identity.from_rng(rng)
+        d = f"{int(ident.id):040x}"[0]
+        if d in digits:
+            continue
+        digits.add(d)
+        p = tmp_path / f"node{len(paths)}.key"
+        ident.save(p)
+        paths.append(str(p))
+    return paths
+
+
+def test_flock_query_and_pond_across_processes(
+    procs: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    keys = distinct_digit_identities(tmp_path, 5)
+    common = ("--listen", "udp://127.0.0.1:0", "--machine-ad", "random")
     p0, (loaded,) = start(
-        "--listen",
-        "udp://127.0.0.1:0",
-        "--pool",
-        "simulated:4:3.0",
-        "--machine-ad",
-        "random",
-        "--flock-period",
-        "2",
+        *common, "--identity", keys[0], "--pool", "simulated:4:3.0", "--flock-period", "2"
     )
     procs.append(p0)
     idle: list[str] = []
-    for _ in range(2):
-        p, addrs = start(
-            "--listen",
-            "udp://127.0.0.1:0",
+    for key in keys[1:]:
+        p, (addr,) = start(
+            *common,
+            "--identity",
+            key,
             "--join",
             loaded,
             "--pool",
             "simulated:30:0.05",
-            "--machine-ad",
-            "random",
             "--flock-period",
             "1",
-            n=2,
         )
         procs.append(p)
-        idle += addrs
+        idle.append(addr)
 
     def flocking() -> Any:
         info = ask("flock", loaded, "--condor-config")
         d = info["decision"]
         return info if d and d["enabled"] and len(d["targets"]) == len(idle) else None
 
-    info = wait_until(flocking, 90, "the loaded pool flocks to every idle pool")
+    def flock_views() -> Any:
+        return {a: ask("flock", a) for a in [loaded, *idle]}
+
+    info = wait_until(flocking, 90, "the loaded pool flocks to every idle pool", flock_views)
     listed = {e["collector"] for row in info["willing"] for e in row}
     assert info["decision"]["targets"] and set(info["decision"]["targets"]) == listed
     assert "FLOCK_TO = " in info["condor_config"]
