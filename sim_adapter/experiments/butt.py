@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         functools.partial(replicate, cfg, confs),
         seeds,
         workers=min(args.workers, len(seeds)),
+        dask=args.dask,
         label=f"{name} replicates",
         progress=None if not args.json else False,
     )

@@ -13,19 +13,22 @@ so no display is needed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, TypeVar
 
+from overlay.errors import ConfigError
 from sim_adapter import bench
 
 __all__ = [
     "Interval",
     "add_common_args",
+    "dask_executor",
     "interval95",
     "run_replicates",
     "seeds_of",
@@ -81,6 +84,32 @@ def seeds_of(first: int, k: int) -> list[int]:
     return [first + i for i in range(k)]
 
 
+#: how long to wait for a Dask scheduler before giving up with a clear error, seconds
+DASK_CONNECT_TIMEOUT_S = 20.0
+
+
+@contextlib.contextmanager
+def dask_executor(address: str) -> Iterator[Executor]:
+    """A ``concurrent.futures`` executor backed by the Dask scheduler at ``address``.
+
+    The workers must be able to import ``sim_adapter`` (install the project on every worker).
+    Raises :class:`ConfigError` (one line) when ``distributed`` is missing or the scheduler
+    cannot be reached."""
+    try:
+        import distributed
+    except ImportError as e:  # pragma: no cover - a dependency of the project
+        raise ConfigError(f"--dask needs the 'distributed' package: {e}") from None
+    dist: Any = distributed  # the package ships no type information for Client
+    try:
+        client = dist.Client(address, timeout=DASK_CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise ConfigError(f"cannot reach the Dask scheduler at {address}: {e}") from None
+    try:
+        yield client.get_executor(pure=False)
+    finally:
+        client.close()
+
+
 def run_replicates(
     fn: Callable[[int], T],
     seeds: Iterable[int],
@@ -89,12 +118,17 @@ def run_replicates(
     label: str = "replicates",
     progress: bool | None = None,
     executor: Executor | None = None,
+    dask: str | None = None,
 ) -> list[T]:
     """Run ``fn(seed)`` for every seed; results in seed order.
 
     ``fn`` must be picklable (a module-level function or a ``functools.partial`` of one) when
-    it runs in a process pool. ``workers <= 1`` without an ``executor`` runs inline. A
-    ``rich`` progress bar (:class:`sim_adapter.bench.Progress`) counts finished replicates."""
+    it runs in a process pool or on Dask. ``dask`` (a scheduler address) runs the replicates on
+    that cluster; otherwise ``workers <= 1`` without an ``executor`` runs inline. A ``rich``
+    progress bar (:class:`sim_adapter.bench.Progress`) counts finished replicates."""
+    if dask:
+        with dask_executor(dask) as ex:
+            return run_replicates(fn, seeds, label=label, progress=progress, executor=ex)
     seeds = list(seeds)
     bar = bench.Progress(label, enabled=progress)
     bar(0, len(seeds))
@@ -120,11 +154,17 @@ def run_replicates(
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    """``--seeds --seed --workers --json --out``, the same on every experiment."""
+    """``--seeds --seed --workers --dask --json --out``, the same on every experiment."""
     p.add_argument("--seeds", type=int, default=1, help="replicates (seeds SEED..SEED+K-1)")
     p.add_argument("--seed", type=int, default=1, help="seed of the first replicate")
     p.add_argument(
         "--workers", type=int, default=2, help="processes of the local pool (1: run inline)"
+    )
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="run replicates on the Dask scheduler at ADDRESS (tcp://HOST:PORT) instead",
     )
     p.add_argument("--json", action="store_true", help="print the JSON document on stdout")
     p.add_argument("--out", default="experiments-out", help="directory for JSON, PNG, markdown")
