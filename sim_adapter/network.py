@@ -115,6 +115,7 @@ class Network:
         self.dropped_loss = 0
         self.dropped_partition = 0
         self.dropped_dead = 0
+        self.failed_arrivals = 0  # arrive() joins that failed
         self._by_class: dict[type[Message], int] = {}
         self.duplicate_deliveries = 0
         self._encode: Callable[[Message], bytes] | None = None
@@ -474,6 +475,35 @@ class Network:
         if not fidelity:  # fidelity mode: live once it has joined
             self._mark_live(new)
         return new
+
+    def arrive(
+        self, config: Any = None, on_joined: Callable[[SimNode, bool], None] | None = None
+    ) -> SimNode:
+        """A new node (fresh id and address) starts joining now through a random ready node,
+        without running the simulation: arrivals under churn. It counts as live for the oracle
+        (``closest_live``) once its join completes, as MSPastry counts only active nodes; a
+        failed join stops it. ``on_joined(node, ok)`` is called then (not if it crashed
+        first)."""
+        if self.overlay is None:
+            raise ConfigError("this network has no overlay yet: spawn() the first nodes")
+        node = self._new_node(self.overlay, config, None)
+
+        def joined(ok: bool) -> None:
+            if not node.alive:
+                return
+            if ok:
+                self._ready.append(node)
+                self._mark_live(node)
+            else:
+                self.failed_arrivals += 1
+                node.alive = False
+                node.core.stop()
+            if on_joined is not None:
+                on_joined(node, ok)
+
+        node.core.start()
+        node.core.join(self._ready_seed(node), joined)
+        return node
 
     def leave(self, nodes: SimNode | Iterable[SimNode]) -> None:
         """Graceful departure: each node tells the nodes it knows (``KbrCore.leave``), which

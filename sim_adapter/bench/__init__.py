@@ -32,6 +32,7 @@ BENCH_MODULES = (
     "sim_adapter.bench.failover",
     "sim_adapter.bench.pools",
     "sim_adapter.bench.churn_rss",
+    "sim_adapter.bench.churn",
 )
 
 

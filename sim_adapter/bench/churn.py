@@ -1,0 +1,435 @@
+"""``flockring bench churn``: routing under continuous churn and loss, measured as MSPastry did.
+
+Theory of operation (Castro, Costa & Rowstron, "Performance and dependability of structured
+peer-to-peer overlays", DSN 2004 — MSPastry — §5.1 methodology). A ring of ``--nodes`` N is
+built (oracle build by default, so the start is a settled ring), then churn runs for
+``--warmup-min`` before anything is measured and for ``--hours`` after:
+
+* **Sessions.** Arrivals are a Poisson process of rate N / S and each node's session is
+  exponential with mean S = ``--session-min`` (MSPastry's Poisson model), so N nodes are up on
+  average; the first N get exponential residual sessions (memoryless). A session ends in a
+  crash (fail-stop, no leave message — the hard case MSPastry measured). ``--trace FILE``
+  replaces the model with a file of ``arrive_s depart_s`` lines (one per session; ``#``
+  comments), e.g. converted from a Gnutella or OverNet availability trace.
+* **Lookups** leave random active nodes (joined, alive) for random keys at
+  ``--lookup-rate`` per node per second (MSPastry: 0.01/s). Each one's delivery is checked
+  against the oracle at the moment of delivery — the active node numerically closest to the
+  key, by brute force (``Network.closest_live``) — so a lookup delivered to a node that has
+  since lost responsibility, or before the responsible node finished joining, is incorrect.
+* **Every loss has a cause**: a lookup not delivered within ``--lookup-timeout-s`` is lost
+  with cause ``source_crashed`` (its source died before it left), ``holder_crashed`` (the
+  last node that forwarded it died before the next hop acknowledged), or ``dropped`` (the
+  holder is alive: retransmissions exhausted, hop limit, or loss). A delivery after the
+  timeout is counted as ``late``; a second delivery as ``duplicate``.
+* **Control traffic** per window of ``--sample-s``: every message sent minus the lookups' own
+  (one RouteMsg and one RouteAck per hop, from the lookup application's ``forward`` upcalls),
+  per active node per second. It includes joins, maintenance, repairs and hop retransmits.
+
+A benchmark, never a test: it reports its goals (>= 99.99% correct, no silent loss, control
+< 0.5 msg/s/node) and whether they were met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from overlay.errors import ConfigError
+from overlay.handle import NodeHandle
+from overlay.ids import NodeId
+from overlay.kbr import BaseApplication
+from sim_adapter import bench
+from sim_adapter.network import Network, SimNode
+
+#: the application name the probes use on every node
+CHURN_APP = "bench.churn"
+#: MSPastry's lookup rate per node (Castro et al. 2004 §5.1): 0.01 lookups/s
+DEFAULT_LOOKUP_RATE = 0.01
+GOAL_CORRECT = 0.9999
+GOAL_CONTROL = 0.5
+
+
+class _Rec:
+    """One lookup in flight."""
+
+    __slots__ = ("done", "holder", "hops", "key", "src", "t0", "window")
+
+    def __init__(self, key: NodeId, src: SimNode, t0: float, window: int) -> None:
+        self.key = key
+        self.src = src
+        self.t0 = t0
+        self.window = window
+        self.hops = 0
+        self.holder: SimNode | None = None
+        self.done = False
+
+
+class _Probe(BaseApplication):
+    """The measuring application on one node: counts hops, notes the holder, checks
+    deliveries against the oracle."""
+
+    __slots__ = ("node", "run")
+
+    def __init__(self, run: _ChurnRun, node: SimNode) -> None:
+        self.run = run
+        self.node = node
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """A lookup arrived here: check it against the brute-force oracle now."""
+        if type(payload) is int:
+            self.run.delivered(payload, self.node)
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """One more hop, and this node holds the lookup until the next hop acknowledges."""
+        rec = self.run.recs.get(payload) if type(payload) is int else None
+        if rec is not None:
+            rec.hops += 1
+            rec.holder = self.node
+            self.run.hops_in_window += 1
+        return next_hop
+
+
+class _ChurnRun:
+    """State of one churn run: the population, the lookups in flight, the counters."""
+
+    def __init__(self, args: argparse.Namespace, net: Network) -> None:
+        self.args = args
+        self.net = net
+        self.rng = random.Random(net.rng.getrandbits(64))
+        self.active: list[SimNode] = []  # joined and alive: lookup sources
+        self.pos: dict[int, int] = {}  # node index -> position in active
+        self.recs: dict[int, _Rec] = {}
+        self.seq = 0
+        self.measuring = False
+        self.hops_in_window = 0
+        self.c: dict[str, int] = dict.fromkeys(
+            (
+                "launched",
+                "delivered",
+                "correct",
+                "incorrect",
+                "late",
+                "duplicate",
+                "source_crashed",
+                "holder_crashed",
+                "dropped",
+                "arrivals",
+                "departures",
+                "failed_joins",
+            ),
+            0,
+        )
+        self.hops: list[int] = []
+        self.rdp: list[float] = []
+        self.latency_s: list[float] = []
+        self.windows: list[dict[str, Any]] = []
+        self.win = {"launched": 0, "correct": 0, "lost": 0}
+
+    # ------------------------------------------------------------------ population
+    def attach(self, node: SimNode) -> None:
+        node.core.register(CHURN_APP, _Probe(self, node))
+
+    def activate(self, node: SimNode) -> None:
+        if node.alive and node.index not in self.pos:
+            self.pos[node.index] = len(self.active)
+            self.active.append(node)
+
+    def deactivate(self, node: SimNode) -> None:
+        i = self.pos.pop(node.index, None)
+        if i is None:
+            return
+        last = self.active.pop()
+        if last is not node:
+            self.active[i] = last
+            self.pos[last.index] = i
+
+    def depart(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self.deactivate(node)
+        self.net.crash(node)
+        self.c["departures"] += self.measuring
+
+    def arrive(self, session_s: float | None) -> None:
+        def joined(node: SimNode, ok: bool) -> None:
+            if ok:
+                self.activate(node)
+            else:
+                self.c["failed_joins"] += self.measuring
+
+        node = self.net.arrive(on_joined=joined)
+        self.attach(node)
+        self.c["arrivals"] += self.measuring
+        if session_s is not None:
+            self.net.engine.push(self.net.now + session_s, self.depart, (node,))
+
+    # ------------------------------------------------------------------ lookups
+    def launch(self) -> None:
+        if not self.active:
+            return
+        src = self.active[self.rng.randrange(len(self.active))]
+        key = NodeId.random(self.rng)
+        self.seq += 1
+        lid = self.seq
+        now = self.net.now
+        # window -1: launched during the warm-up, never counted
+        rec = _Rec(key, src, now, len(self.windows) if self.measuring else -1)
+        self.recs[lid] = rec
+        if self.measuring:
+            self.c["launched"] += 1
+            self.win["launched"] += 1
+        self.net.engine.push(now + self.args.lookup_timeout_s, self.expire, (lid,))
+        src.core.route(key, CHURN_APP, lid)
+
+    def delivered(self, lid: int, at: SimNode) -> None:
+        rec = self.recs.get(lid)
+        if rec is None:  # already expired
+            self.c["late"] += self.measuring
+            return
+        counted = rec.window >= 0
+        if rec.done:
+            self.c["duplicate"] += counted
+            return
+        rec.done = True
+        if not counted:
+            return
+        net = self.net
+        self.c["delivered"] += 1
+        if at.id == net.closest_live(int(rec.key)):
+            self.c["correct"] += 1
+            self.win["correct"] += 1
+        else:
+            self.c["incorrect"] += 1
+        el = net.now - rec.t0
+        self.hops.append(rec.hops)
+        self.latency_s.append(el)
+        if at is not rec.src:
+            direct = net.latency.one_way_s(rec.src.index, at.index)
+            if direct > 0:
+                self.rdp.append(el / direct)
+
+    def expire(self, lid: int) -> None:
+        rec = self.recs.pop(lid)
+        if rec.done or rec.window < 0:
+            return
+        if rec.holder is None:
+            cause = "source_crashed" if not rec.src.alive else "dropped"
+        else:
+            cause = "holder_crashed" if not rec.holder.alive else "dropped"
+        self.c[cause] += 1
+        self.win["lost"] += 1
+
+    # ------------------------------------------------------------------ windows
+    def sample(self, t_prev: float, m_prev: int) -> tuple[float, int]:
+        net = self.net
+        now = net.now
+        dt = now - t_prev
+        live = len(self.active)
+        msgs = net.message_count - m_prev
+        control = msgs - 2 * self.hops_in_window
+        self.windows.append(
+            {
+                "t_min": bench.r(now / 60.0, 2),
+                "active": live,
+                "control_msgs_per_s_per_node": bench.r(control / dt / max(1, live), 4),
+                "launched": self.win["launched"],
+                "correct": self.win["correct"],
+                "lost": self.win["lost"],
+            }
+        )
+        self.hops_in_window = 0
+        self.win = {"launched": 0, "correct": 0, "lost": 0}
+        return now, net.message_count
+
+
+def _read_trace(path: str) -> list[tuple[float, float]]:
+    """``arrive_s depart_s`` per line (``#`` comments); a bad line names the file and line."""
+    out: list[tuple[float, float]] = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--trace {path}: {e.strerror or e}") from None
+    for i, line in enumerate(text.splitlines(), start=1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        parts = body.split()
+        try:
+            a, d = float(parts[0]), float(parts[1])
+        except (IndexError, ValueError):
+            raise ConfigError(f"{path}:{i}: expected 'arrive_s depart_s', got {line!r}") from None
+        if not (math.isfinite(a) and math.isfinite(d) and 0 <= a < d):
+            raise ConfigError(f"{path}:{i}: need 0 <= arrive_s < depart_s, got {line!r}")
+        out.append((a, d))
+    if not out:
+        raise ConfigError(f"{path}: no sessions")
+    return sorted(out)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the ring, churn it, measure; return the figures as a dict."""
+    from sim_adapter.bench.overlay import make_latency
+
+    if args.nodes < 2 or args.session_min <= 0 or args.hours <= 0 or args.lookup_rate < 0:
+        raise ConfigError("need --nodes >= 2, --session-min > 0, --hours > 0, --lookup-rate >= 0")
+    net = Network(seed=args.seed, latency=make_latency(args.latency, args.seed), loss=args.loss)
+    cr = _ChurnRun(args, net)
+    rng = cr.rng
+    session_s = args.session_min * 60.0
+    warm_s = args.warmup_min * 60.0
+    end_s = warm_s + args.hours * 3600.0
+    trace = _read_trace(args.trace) if args.trace else None
+    with bench.stopwatch() as wall:
+        n0 = args.nodes if trace is None else sum(1 for a, _ in trace if a == 0.0) or 1
+        first = net.spawn(n0, overlay=args.overlay, build=args.build)
+        eng = net.engine
+        t0 = net.now
+        for i, node in enumerate(first):
+            cr.attach(node)
+            cr.activate(node)
+            if trace is None:
+                eng.push(t0 + rng.expovariate(1.0 / session_s), cr.depart, (node,))
+            elif i < len(trace):
+                eng.push(t0 + trace[i][1], cr.depart, (node,))
+        if trace is None:
+            t = t0
+            rate = args.nodes / session_s
+            while True:
+                t += rng.expovariate(rate)
+                if t >= t0 + end_s:
+                    break
+                eng.push(t, cr.arrive, (rng.expovariate(1.0 / session_s),))
+        else:
+            for a, d in trace[n0:]:
+                if a < end_s:
+                    eng.push(t0 + a, cr.arrive, (d - a,))
+        if args.lookup_rate > 0:
+            t = t0
+            rate = args.lookup_rate * args.nodes
+            while True:
+                t += rng.expovariate(rate)
+                if t >= t0 + end_s - args.lookup_timeout_s:
+                    break
+                eng.push(t, cr.launch, ())
+        prog = bench.Progress("churn", args.progress or None)
+        net.run(warm_s)
+        cr.measuring = True
+        tp, mp = net.now, net.message_count
+        cr.hops_in_window = 0
+        steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
+        for k in range(steps):
+            net.run(min(args.sample_s, t0 + end_s - net.now))
+            tp, mp = cr.sample(tp, mp)
+            prog(k + 1, steps)
+        for lid in list(cr.recs):  # lookups launched too late to time out in the window
+            cr.recs.pop(lid)
+    return _report(args, net, cr, wall())
+
+
+def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float) -> dict[str, Any]:
+    c = cr.c
+    launched = c["launched"]
+    lost = c["source_crashed"] + c["holder_crashed"] + c["dropped"]
+    control = [w["control_msgs_per_s_per_node"] for w in cr.windows]
+    correct_frac = c["correct"] / launched if launched else math.nan
+    ctrl_mean = bench.mean(control)
+    res: dict[str, Any] = {
+        "bench": "churn",
+        "overlay": args.overlay,
+        "nodes": args.nodes,
+        "session_min": args.session_min,
+        "trace": args.trace,
+        "loss": args.loss,
+        "latency": args.latency,
+        "build": args.build,
+        "warmup_min": args.warmup_min,
+        "hours": args.hours,
+        "lookup_rate_per_node_s": args.lookup_rate,
+        "seed": args.seed,
+        "active_mean": bench.r(bench.mean([w["active"] for w in cr.windows]), 1),
+        **c,
+        "lost": lost,
+        "unaccounted": launched - c["delivered"] - lost,
+        "correct_fraction": bench.r(correct_frac, 6),
+        "hops_mean": bench.r(bench.mean(cr.hops), 3),
+        "rdp_mean": bench.r(bench.mean(cr.rdp), 3),
+        "rdp_p50": bench.r(bench.percentile(cr.rdp, 50), 3),
+        "latency_ms_p50": bench.r(bench.percentile(cr.latency_s, 50) * 1e3, 1),
+        "latency_ms_p99": bench.r(bench.percentile(cr.latency_s, 99) * 1e3, 1),
+        "control_msgs_per_s_per_node_mean": bench.r(ctrl_mean, 4),
+        "control_msgs_per_s_per_node_max": bench.r(max(control), 4) if control else None,
+        "dropped_loss": net.dropped_loss,
+        "dropped_dead": net.dropped_dead,
+        "goal_correct": GOAL_CORRECT,
+        "goal_control_msgs_per_s_per_node": GOAL_CONTROL,
+        "meets_correct": bool(launched) and correct_frac >= GOAL_CORRECT,
+        "meets_control": bool(control) and ctrl_mean < GOAL_CONTROL,
+        "events": net.engine.events,
+        "wall_s": bench.r(wall_s, 1),
+        "peak_rss_mib": bench.r(bench.peak_rss_mib(), 1),
+        **bench.environment(),
+        "windows": cr.windows,
+    }
+    if args.png:
+        _plot(res, args.png)
+    return res
+
+
+def _plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ws = res["windows"]
+    t = [w["t_min"] for w in ws]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7.5, 5.5), dpi=110, sharex=True)
+    a1.plot(t, [w["control_msgs_per_s_per_node"] for w in ws], label="control traffic")
+    a1.axhline(GOAL_CONTROL, ls="--", c="grey", label=f"goal {GOAL_CONTROL}")
+    a1.set_ylabel("msg/s per node")
+    a1.legend()
+    frac = [w["correct"] / w["launched"] if w["launched"] else math.nan for w in ws]
+    a2.plot(t, frac, label="correct fraction")
+    a2.set_ylabel("correct lookups")
+    a2.set_xlabel("virtual time (min)")
+    title = (
+        f"{res['overlay']}, N={res['nodes']}, sessions {res['session_min']} min, "
+        f"loss {res['loss']:.0%}"
+    )
+    a1.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _main(args: argparse.Namespace) -> int:
+    bench.emit(run(args), args.json, args.out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``churn`` benchmark parser."""
+    p = sub.add_parser("churn", help="lookups under continuous churn and loss (MSPastry-style)")
+    p.add_argument("--overlay", choices=("pastry", "smallworld"), default="pastry")
+    p.add_argument("--nodes", type=int, default=2000, help="mean number of nodes N")
+    p.add_argument("--session-min", type=float, default=30.0, help="mean session, minutes")
+    p.add_argument("--trace", help="sessions from a file of 'arrive_s depart_s' lines")
+    p.add_argument("--loss", type=float, default=0.0, help="message loss rate in [0, 1)")
+    p.add_argument("--hours", type=float, default=1.0, help="virtual hours measured")
+    p.add_argument("--warmup-min", type=float, default=10.0, help="churn before measuring")
+    p.add_argument("--latency", default="transit-stub", help="latency model (bench pastry)")
+    p.add_argument("--build", choices=("oracle", "joins"), default="oracle")
+    p.add_argument(
+        "--lookup-rate", type=float, default=DEFAULT_LOOKUP_RATE, help="lookups/s per node"
+    )
+    p.add_argument("--lookup-timeout-s", type=float, default=60.0)
+    p.add_argument("--sample-s", type=float, default=300.0, help="window of the time series")
+    p.add_argument("--png", help="write the time series figure here")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.add_argument("--progress", action="store_true", help="progress bar on stderr")
+    p.set_defaults(func=_main)
