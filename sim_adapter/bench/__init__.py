@@ -33,6 +33,7 @@ BENCH_MODULES = (
     "sim_adapter.bench.pools",
     "sim_adapter.bench.churn_rss",
     "sim_adapter.bench.churn",
+    "sim_adapter.bench.chaos",
 )
 
 

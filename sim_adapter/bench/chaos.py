@@ -1,0 +1,306 @@
+"""``flockring bench chaos``: live node processes killed and restarted while lookups run.
+
+Theory of operation. ``--processes`` P processes of ``flockring node --nodes K`` (signed UDP on
+loopback, the code users run) form one ring. A seeded schedule then, every ``--kill-every-s``,
+SIGKILLs one random running process (no goodbye, its K nodes vanish at once) and restarts it
+``--down-s`` later with fresh identities, joining through a random node of another running
+process. Throughout, lookups for random keys are asked of random nodes (of processes that have
+been up for ``--settle-s``) at ``--rate`` per second through the control protocol
+(``ControlClient.lookup``, what ``flockring route`` does). Each answer is checked against the
+brute-force oracle — the node, among those of the processes running at the moment the answer
+arrives, numerically closest to the key (the one at the moment it was asked is accepted too: a
+kill between the two may move responsibility). Reported per ``--window-s``: lookups asked,
+correct, wrong, timed out.
+
+After the last kill the ring is given ``--final-s`` of quiet, then checked as one ring: every
+node's status is read and each node's nearest clockwise leaf must be its true successor among
+the live nodes (one cycle through every node: not two rings, not a broken one), and a final
+batch of lookups must all be correct. A benchmark, never a test: the wall clock decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from overlay.errors import ConfigError
+from overlay.ids import NodeId, closer
+from sim_adapter import bench
+
+
+class _Proc:
+    """One node process and the nodes it reported."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.p: subprocess.Popen[str] | None = None
+        self.nodes: list[tuple[int, str]] = []  # (id, address)
+        self.up_since = 0.0
+        self.restarts = 0
+
+    @property
+    def running(self) -> bool:
+        return self.p is not None and self.p.poll() is None and bool(self.nodes)
+
+
+def _spawn(args: argparse.Namespace, join: str | None) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "flockring", "node", "--listen", "udp://127.0.0.1:0"]
+    cmd += ["--nodes", str(args.nodes_per_process), "--overlay", args.overlay]
+    cmd += ["--status-interval", "0"]
+    if join:
+        cmd += ["--join", join]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _read_nodes(p: subprocess.Popen[str], k: int) -> list[tuple[int, str]]:
+    assert p.stdout is not None
+    out: list[tuple[int, str]] = []
+    while len(out) < k:
+        line = p.stdout.readline()
+        if not line:
+            err = p.stderr.read() if p.stderr is not None else ""
+            raise ConfigError(f"a node process exited: {err.strip().splitlines()[-1:]}")
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "NODE":
+            out.append((int(NodeId.from_hex(parts[1])), parts[2]))
+    return out
+
+
+def _oracle(ids: list[int], key: int) -> int:
+    i = bisect.bisect_left(ids, key)
+    a, b = ids[i % len(ids)], ids[(i - 1) % len(ids)]
+    return a if closer(key, a, b) else b
+
+
+async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
+    import trio
+
+    from overlay.live.control import ControlClient
+    from transports import open_udp
+
+    rng = random.Random(args.seed)
+    procs = [_Proc(i) for i in range(args.processes)]
+    windows: list[dict[str, int]] = []
+    kills: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+
+    def live_ids() -> list[int]:
+        return sorted(i for pr in procs if pr.running for i, _ in pr.nodes)
+
+    async def start(pr: _Proc, join: str | None) -> None:
+        pr.p = await trio.to_thread.run_sync(_spawn, args, join)
+        pr.nodes = await trio.to_thread.run_sync(_read_nodes, pr.p, args.nodes_per_process)
+        pr.up_since = time.monotonic()
+
+    def window() -> dict[str, int]:
+        w = int((time.monotonic() - t_start) // args.window_s)
+        while len(windows) <= w:
+            windows.append({"asked": 0, "correct": 0, "wrong": 0, "timeout": 0})
+        return windows[w]
+
+    async def one_lookup(c: ControlClient, tally: dict[str, int] | None) -> bool:
+        now = time.monotonic()
+        ready = [pr for pr in procs if pr.running and now - pr.up_since >= args.settle_s]
+        if not ready:
+            return False
+        _, addr = rng.choice(rng.choice(ready).nodes)
+        key = NodeId.random(rng)
+        before = live_ids()
+        w = tally if tally is not None else window()
+        w["asked"] += 1
+        try:
+            r = await c.lookup(addr, key, args.lookup_timeout_s)
+        except Exception:  # a timeout, or the asked node's process was just killed
+            w["timeout"] += 1
+            return False
+        got = int(r.responsible.id)
+        after = live_ids()
+        ok = bool(after) and got in (_oracle(after, int(key)), _oracle(before, int(key)))
+        w["correct" if ok else "wrong"] += 1
+        return ok
+
+    async def lookups(c: ControlClient, until: float) -> None:
+        async with trio.open_nursery() as n:
+            while time.monotonic() < until:
+                n.start_soon(one_lookup, c, None)
+                await trio.sleep(rng.expovariate(args.rate))
+
+    async def killer(until: float) -> None:
+        while True:
+            await trio.sleep(args.kill_every_s)
+            if time.monotonic() >= until:
+                return
+            running = [pr for pr in procs if pr.running]
+            if len(running) < 2:
+                continue
+            victim = rng.choice(running)
+            assert victim.p is not None
+            victim.p.send_signal(signal.SIGKILL)
+            await trio.to_thread.run_sync(victim.p.wait)
+            t_kill = time.monotonic() - t_start
+            await trio.sleep(args.down_s)
+            others = [pr for pr in procs if pr.running and pr is not victim]
+            seed = rng.choice(rng.choice(others).nodes)[1]
+            victim.restarts += 1
+            await start(victim, seed)
+            kills.append(
+                {"slot": victim.slot, "killed_at_s": round(t_kill, 1), "rejoined_via": seed}
+            )
+
+    try:
+        await start(procs[0], None)
+        for pr in procs[1:]:
+            await start(pr, procs[0].nodes[0][1])
+        await trio.sleep(args.settle_s)
+        async with open_udp("udp://127.0.0.1:0") as t, ControlClient(t) as c:
+            until = time.monotonic() + args.minutes * 60.0
+            async with trio.open_nursery() as n:
+                n.start_soon(killer, until)
+                n.start_soon(lookups, c, until)
+            await trio.sleep(args.final_s)
+            final = await _final_check(args, c, procs, one_lookup)
+    finally:
+        for pr in procs:
+            if pr.p is not None and pr.p.poll() is None:
+                pr.p.send_signal(signal.SIGTERM)
+        for pr in procs:
+            if pr.p is not None:
+                try:
+                    pr.p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pr.p.kill()
+    asked = sum(w["asked"] for w in windows)
+    correct = sum(w["correct"] for w in windows)
+    return {
+        "asked": asked,
+        "correct": correct,
+        "wrong": sum(w["wrong"] for w in windows),
+        "timeout": sum(w["timeout"] for w in windows),
+        "success_fraction": bench.r(correct / asked, 4) if asked else None,
+        "kills": len(kills),
+        "kill_log": kills,
+        "windows": windows,
+        **final,
+    }
+
+
+async def _final_check(
+    args: argparse.Namespace, c: Any, procs: list[_Proc], one_lookup: Any
+) -> dict[str, Any]:
+    ids = sorted(i for pr in procs if pr.running for i, _ in pr.nodes)
+    addrs = [a for pr in procs if pr.running for _, a in pr.nodes]
+    bad_successor = 0
+    unreachable = 0
+    for addr in addrs:
+        try:
+            st = await c.status(addr, args.lookup_timeout_s)
+        except Exception:
+            unreachable += 1
+            continue
+        me = int(st.handle.id)
+        leaves = sorted(int(h.id) for h in st.leaf_set if int(h.id) != me)
+        true_succ = ids[(ids.index(me) + 1) % len(ids)] if me in ids else None
+        # nearest clockwise leaf: the smallest id above us, else wrap around
+        above = [x for x in leaves if x > me]
+        succ = above[0] if above else (leaves[0] if leaves else None)
+        if succ != true_succ:
+            bad_successor += 1
+    tally = {"asked": 0, "correct": 0, "wrong": 0, "timeout": 0}
+    for _ in range(args.final_lookups):
+        await one_lookup(c, tally)
+    return {
+        "final_nodes": len(ids),
+        "final_unreachable": unreachable,
+        "final_bad_successor": bad_successor,
+        "one_ring": unreachable == 0 and bad_successor == 0,
+        "final_lookups": tally,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the chaos schedule and return the figures."""
+    import trio
+
+    if args.processes < 2 or args.nodes_per_process < 1 or args.rate <= 0:
+        raise ConfigError("need --processes >= 2, --nodes-per-process >= 1, --rate > 0")
+    with bench.stopwatch() as wall:
+        res = trio.run(_chaos, args)
+    out: dict[str, Any] = {
+        "bench": "chaos",
+        "overlay": args.overlay,
+        "processes": args.processes,
+        "nodes_per_process": args.nodes_per_process,
+        "minutes": args.minutes,
+        "kill_every_s": args.kill_every_s,
+        "down_s": args.down_s,
+        "rate_per_s": args.rate,
+        "window_s": args.window_s,
+        "seed": args.seed,
+        **res,
+        "wall_s": bench.r(wall(), 1),
+        **bench.environment(),
+    }
+    if args.png:
+        _plot(out, args.png)
+    return out
+
+
+def _plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ws = res["windows"]
+    w_s = res["window_s"]
+    t = [i * w_s for i in range(len(ws))]
+    frac = [w["correct"] / w["asked"] if w["asked"] else float("nan") for w in ws]
+    fig, ax = plt.subplots(figsize=(7.5, 3.5), dpi=110)
+    ax.plot(t, frac, drawstyle="steps-post", label="correct fraction")
+    for k in res["kill_log"]:
+        ax.axvline(k["killed_at_s"], c="red", alpha=0.3)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("wall time (s); red: a process SIGKILLed")
+    ax.set_ylabel("lookups correct")
+    ax.set_title(f"live chaos: {res['processes']}x{res['nodes_per_process']} nodes")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _main(args: argparse.Namespace) -> int:
+    bench.emit(run(args), args.json, args.out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``chaos`` benchmark parser."""
+    p = sub.add_parser("chaos", help="live processes SIGKILLed and restarted under lookups")
+    p.add_argument("--overlay", choices=("pastry", "smallworld"), default="pastry")
+    p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--nodes-per-process", type=int, default=5)
+    p.add_argument("--minutes", type=float, default=5.0, help="wall minutes of chaos")
+    p.add_argument("--kill-every-s", type=float, default=20.0)
+    p.add_argument("--down-s", type=float, default=5.0, help="a killed process stays down")
+    p.add_argument("--settle-s", type=float, default=5.0, help="new nodes are asked after")
+    p.add_argument("--rate", type=float, default=5.0, help="lookups per second")
+    p.add_argument("--lookup-timeout-s", type=float, default=5.0)
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--final-s", type=float, default=20.0, help="quiet before the ring check")
+    p.add_argument("--final-lookups", type=int, default=200)
+    p.add_argument("--png", help="write the success-over-time figure here")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.set_defaults(func=_main)
