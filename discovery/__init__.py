@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from discovery.condor_syntax import CondorError
     from discovery.decision import FlockDecision, FlockTarget
     from discovery.failover import Failover
+    from discovery.failover_agent import AgentConfig, CollectorView, PoolAgent
     from discovery.failover_config import (
         FailoverConfig,
         FailoverError,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from discovery.machine import MachineAd, random_machine_ad
     from discovery.policy import Peer, Policy, PolicyError
     from discovery.pond import PoolOnDemand
-    from discovery.pond_scheduler import PondScheduler, SchedulerConfig
+    from discovery.pond_scheduler import CondorQueue, PondScheduler, SchedulerConfig
     from discovery.pond_types import PondConfig, PondError, PondResult, ReleaseResult
     from discovery.pool import PoolState, Refusal, SharingRules, SimulatedPool
     from discovery.query import Match, QueryConfig, QueryResult, ResourceQuery
@@ -70,6 +71,9 @@ _LAZY = {
     "FlockDecision": "discovery.decision",
     "FlockTarget": "discovery.decision",
     "Failover": "discovery.failover",
+    "AgentConfig": "discovery.failover_agent",
+    "CollectorView": "discovery.failover_agent",
+    "PoolAgent": "discovery.failover_agent",
     "FailoverConfig": "discovery.failover_config",
     "FailoverError": "discovery.failover_config",
     "ManagerChange": "discovery.failover_config",
@@ -87,6 +91,7 @@ _LAZY = {
     "PolicyError": "discovery.policy",
     "PoolOnDemand": "discovery.pond",
     "PondScheduler": "discovery.pond_scheduler",
+    "CondorQueue": "discovery.pond_scheduler",
     "SchedulerConfig": "discovery.pond_scheduler",
     "PondConfig": "discovery.pond_types",
     "PondError": "discovery.pond_types",
@@ -122,9 +127,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "FLOCK_APP",
+    "AgentConfig",
+    "CollectorView",
     "CondorError",
     "CondorHostApplier",
     "CondorPool",
+    "CondorQueue",
     "Failover",
     "FailoverConfig",
     "FailoverError",
@@ -147,6 +155,7 @@ __all__ = [
     "PondError",
     "PondResult",
     "PondScheduler",
+    "PoolAgent",
     "PoolError",
     "PoolOnDemand",
     "PoolState",

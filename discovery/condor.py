@@ -43,6 +43,7 @@ the schedd restarts.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -66,7 +67,7 @@ from discovery.condor_syntax import (
     parse_with_htcondor,
     split_contact,
 )
-from discovery.decision import FlockDecision
+from discovery.decision import FlockDecision, FlockTarget
 
 __all__ = [
     "FLOCK_CONFIG_FILE",
@@ -77,15 +78,18 @@ __all__ = [
     "FlockConfigApplier",
     "FlockSource",
     "Reconfig",
+    "applied_state_path",
     "apply_config",
     "apply_flock_config",
     "command",
     "default_reconfig",
+    "encode_applied_state",
     "htcondor_reconfig",
     "is_valid_contact",
     "is_valid_host_pattern",
     "parse_config",
     "parse_with_htcondor",
+    "read_applied_state",
     "render_condor_host",
     "render_execute_config",
     "render_flock_config",
@@ -414,6 +418,80 @@ def apply_config(
 apply_flock_config = apply_config
 
 
+# -- the applied version, kept across restarts ------------------------------------------------
+
+_VERSION_LINE = re.compile(r"^# flockring flocking decision epoch=(\d+) seq=(\d+):", re.M)
+
+
+def applied_state_path(config_path: str | os.PathLike[str]) -> Path:
+    """Where a persisting :class:`FlockConfigApplier` keeps its applied decision: next to the
+    fragment, under a dot name (HTCondor's ``LOCAL_CONFIG_DIR_EXCLUDE_REGEXP`` skips it)."""
+    p = Path(config_path)
+    return p.parent / f".{p.name}.applied"
+
+
+def _fragment_version(text: str) -> tuple[int, int] | None:
+    m = _VERSION_LINE.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def encode_applied_state(d: FlockDecision) -> str:
+    """The state file's JSON text for ``d``."""
+    return (
+        json.dumps(
+            {
+                "epoch": d.epoch,
+                "seq": d.seq,
+                "enabled": d.enabled,
+                "at_s": d.at_s,
+                "targets": [attrs.asdict(t) for t in d.targets],
+            },
+            sort_keys=True,
+        )
+        + "\n"
+    )
+
+
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    v = obj[name]
+    if (isinstance(v, bool) and kind is int) or not isinstance(v, kind):
+        raise ValueError(name)
+    return v
+
+
+def read_applied_state(path: str | os.PathLike[str]) -> FlockDecision | None:
+    """The decision in a state file, or None if it is absent or malformed (never raises)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+        if not isinstance(obj, dict):
+            return None
+        epoch, seq = _field(obj, "epoch", int), _field(obj, "seq", int)
+        if epoch < 0 or seq < 0:
+            return None
+        at = _field(obj, "at_s", (int, float))
+        targets = []
+        for t in _field(obj, "targets", list):
+            if not isinstance(t, dict):
+                return None
+            rtt = t.get("rtt_s")
+            if rtt is not None and (isinstance(rtt, bool) or not isinstance(rtt, int | float)):
+                return None
+            targets.append(
+                FlockTarget(
+                    _field(t, "node_id", str),
+                    _field(t, "collector", str),
+                    _field(t, "pool_name", str),
+                    None if rtt is None else float(rtt),
+                    _field(t, "free_machines", int),
+                    _field(t, "row", int),
+                )
+            )
+        enabled = _field(obj, "enabled", bool)
+        return FlockDecision(enabled, tuple(targets), float(at), epoch, seq)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class FlockConfigApplier:
     """Renders and applies flocking decisions, newest only: the callable a plugin is given.
 
@@ -423,6 +501,9 @@ class FlockConfigApplier:
     goes back. ``restart_schedd`` (e.g. ``command(("condor_restart", "-daemon", "schedd"))``)
     runs when flocking goes from a non-empty ``FLOCK_TO`` to an empty one, because a
     reconfigure alone keeps the old list (module notes); without it that transition is logged.
+    With ``persist`` the applied decision is also kept in a dot file next to the fragment
+    (:func:`applied_state_path`, atomic write) and :meth:`load` reads it back at start, so a
+    rebooted submit machine still refuses every decision older than the one it applied.
     """
 
     def __init__(
@@ -436,8 +517,11 @@ class FlockConfigApplier:
         flock_increment: int | None = None,
         min_flock_level: int | None = None,
         allow_lines: bool = True,
+        persist: bool = False,
     ) -> None:
         self.path = Path(path)
+        #: with ``persist``: the applied decision is kept in :attr:`state_path` (see :meth:`load`)
+        self.state_path: Path | None = applied_state_path(self.path) if persist else None
         self._admitted = admitted
         self._reconfig = reconfig
         self._restart = restart_schedd
@@ -474,12 +558,59 @@ class FlockConfigApplier:
         self._admitted = admitted
         return self._apply(self.applied)
 
+    def load(self) -> FlockDecision | None:
+        """With ``persist``: read the decision applied before a restart into :attr:`applied`
+        and return it (None: none, or no persistence). A submit machine that reboots thus never
+        applies a decision older than the one it applied last.
+
+        The state file is written *before* the fragment (:meth:`_apply`), so a crash between the
+        two leaves the state ahead of the fragment; ``load`` then re-applies the stored decision
+        (the fragment's header line names the version it was rendered from). An unreadable
+        state file is logged and counted (``state_unreadable``) and ignored.
+        """
+        if self.state_path is None:
+            return None
+        d = read_applied_state(self.state_path)
+        if d is None:
+            if self.state_path.exists():
+                self.stats["state_unreadable"] += 1
+                log.warning("ignoring unreadable %s", self.state_path)
+            return None
+        self.applied = d
+        self.stats["state_loaded"] += 1
+        try:
+            on_disk = _fragment_version(self.path.read_text())
+        except OSError:
+            on_disk = None
+        if on_disk != d.version:
+            self.stats["state_repaired"] += 1
+            self._apply(d)
+        return d
+
     def _apply(self, decision: FlockDecision | None) -> bool:
         text = self.render(decision)
+        sp = self.state_path
+        old_state: str | None = None
+        if sp is not None and decision is not None:
+            try:
+                old_state = sp.read_text()
+            except OSError:
+                old_state = None
+            try:
+                _atomic_write(sp, encode_applied_state(decision), 0o644)
+            except OSError as e:
+                self.stats["failed"] += 1
+                raise CondorError(f"cannot write {sp}: {e}") from e
         try:
             changed = apply_config(self.path, text, reconfig=self._reconfig)
         except CondorError:
             self.stats["failed"] += 1
+            if sp is not None and decision is not None:  # the fragment was rolled back: so is it
+                with contextlib.suppress(OSError):
+                    if old_state is None:
+                        sp.unlink()
+                    else:
+                        _atomic_write(sp, old_state, 0o644)
             raise
         self.applied = decision
         self.stats["applied" if changed else "unchanged"] += 1

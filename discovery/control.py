@@ -5,7 +5,7 @@ return-routability cookie check and per-source rate limit, see ``overlay/live/ga
 Replies carry plain msgpack-able data (dicts of strings and numbers) built by the pure
 functions below, so what a tool prints and what a test checks come from one place.
 
-Tags 190–199 (the discovery plugins' spare range). Sans-io: no trio here.
+Tags 190–197 (the discovery plugins' spare range). Sans-io: no trio here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from overlay.messages import Message, register
 
 if TYPE_CHECKING:
     from discovery.announce import Flock
+    from discovery.pond_scheduler import PondScheduler
     from discovery.pond_types import PondResult, ReleaseResult
     from discovery.query import QueryResult
 
@@ -25,11 +26,14 @@ __all__ = [
     "FlockInfoRequest",
     "InfoReply",
     "ManagerInfoRequest",
+    "PondMemberRequest",
+    "PondQueueRequest",
     "PondReleaseRequest",
     "PondRequest",
     "QueryRequest",
     "flock_info",
     "pond_info",
+    "pond_queue_info",
     "query_info",
     "release_info",
 ]
@@ -84,6 +88,26 @@ class PondReleaseRequest(Message):
 @attrs.frozen(slots=True)
 class ManagerInfoRequest(Message):
     """Ask a node of a pool ring who the manager is (faultD status)."""
+
+    nonce: int
+
+
+@register(196)
+@attrs.frozen(slots=True)
+class PondQueueRequest(Message):
+    """Queue-driven ponds on the node (PonD §3.2): ``action`` is ``start`` (with the scheduler's
+    minimum interval and pond cap), ``status``, or ``stop`` (stop and release every pond)."""
+
+    nonce: int
+    action: str
+    interval_s: float = 5.0
+    max_pond: int = 64
+
+
+@register(197)
+@attrs.frozen(slots=True)
+class PondMemberRequest(Message):
+    """Ask a machine which pond it is in and which ponds it joined and left."""
 
     nonce: int
 
@@ -198,4 +222,57 @@ def flock_info(flock: Flock, now_s: float, condor_fragment: str | None = None) -
         },
         "condor_config": condor_fragment,
         "stats": {k: int(v) for k, v in flock.stats.items()},
+    }
+
+
+#: the most dispatched / finished jobs a queue-pond reply lists (the newest are kept)
+MAX_LISTED_JOBS = 2000
+
+
+def pond_queue_info(
+    sched: PondScheduler,
+    *,
+    running: bool,
+    dispatched: list[list[Any]],
+    finished: list[list[Any]],
+    violations: list[str],
+    queue_empty: bool | None,
+) -> dict[str, Any]:
+    """A queue-driven pond scheduler as plain data: counters, one row per autocluster pond,
+    the jobs dispatched (``[job id, machine id, pond job id]``) and finished (``[job id,
+    machine id, start, end]``, simulated queues only), and any start on a machine that was not a
+    member of the job's pond (``violations``, expected empty)."""
+    clusters = []
+    for key, c in sched.clusters.items():
+        req, _, rank = key.partition("\x00")
+        members: list[str] = []
+        if c.pond_id is not None and c.pond_id in sched.pond.ponds:
+            members = [str(h.id) for h in sched.pond.members(c.pond_id)]
+        clusters.append(
+            {
+                "requirements": req,
+                "rank": rank,
+                "job_id": c.job_id,
+                "pond_id": c.pond_id,
+                "members": members,
+                "pending": c.pending,
+            }
+        )
+    src = sched.source
+    st = sched.stats
+    return {
+        "running": running,
+        "cycles": int(st["cycles"]),
+        "ponds_formed": int(st["ponds_formed"]),
+        "ponds_grown": int(st["ponds_grown"]),
+        "ponds_released": int(st["ponds_released"]),
+        "members_shrunk": int(st["members_shrunk"]),
+        "idle_jobs": len(src.idle_jobs()),
+        "running_jobs": len(src.running_jobs()),
+        "queue_empty": queue_empty,
+        "clusters": clusters,
+        "dispatched": dispatched[-MAX_LISTED_JOBS:],
+        "finished": finished[-MAX_LISTED_JOBS:],
+        "violations": violations[:50],
+        "pond_stats": {k: int(v) for k, v in sched.pond.stats.items()},
     }

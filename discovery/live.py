@@ -7,6 +7,12 @@ the node's own Ed25519 identity as their signer (:class:`Discovery`), and answer
 requests of :mod:`discovery.control` so that ``flockring flock|query|pond|manager`` can talk to
 a running node. The same plugin objects run unchanged in the simulator
 (``sim_adapter.plugins``): nothing here changes protocol behaviour.
+
+Two compositions are wired here: a *site* node (:meth:`Discovery.attach_site`: faultD, the
+flock, the decision push, the pool agent and the :class:`~discovery.site.Site` coordinator on
+one pool ring, Butt et al. 2006 §3.3, §4.1, §4.2) and *queue-driven ponds*
+(:meth:`Discovery.attach_pond_queue`: a :class:`~discovery.pond_scheduler.PondScheduler` over
+the node's job queue, started and stopped by ``flockring pond ADDR --from-queue``, PonD §3.2).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -27,21 +34,37 @@ from discovery.control import (
     FlockInfoRequest,
     InfoReply,
     ManagerInfoRequest,
+    PondMemberRequest,
+    PondQueueRequest,
     PondReleaseRequest,
     PondRequest,
     QueryRequest,
     flock_info,
     pond_info,
+    pond_queue_info,
     query_info,
     release_info,
 )
+from discovery.decision import FlockDecision
 from discovery.failover import Failover, FailoverConfig, ManagerChange
+from discovery.failover_agent import AgentConfig, CollectorView, PoolAgent
 from discovery.flock_config import FlockConfig, PoolView
 from discovery.machine import MachineAd
 from discovery.pond import PondConfig, PoolOnDemand
+from discovery.pond_scheduler import (
+    JobSource,
+    PondNegotiator,
+    PondScheduler,
+    QueuedJob,
+    SchedulerConfig,
+    SimulatedJobQueue,
+    autocluster,
+)
 from discovery.pond_types import PondResult, ReleaseResult
 from discovery.query import QueryConfig, QueryResult, ResourceQuery
 from discovery.signing import Ed25519Signer
+from discovery.site import Site
+from discovery.submit import SubmitConfig, SubmitSync
 from overlay.errors import OverlayError
 from overlay.handle import NodeHandle
 from overlay.messages import Message
@@ -128,6 +151,19 @@ class Discovery:
         self.query: ResourceQuery | None = None
         self.pond: PoolOnDemand | None = None
         self.failover: Failover | None = None
+        self.site: Site | None = None
+        self._applier: object = None
+        self.agent: PoolAgent | None = None
+        self.scheduler: PondScheduler | None = None
+        self._queue: JobSource | None = None
+        self._negotiator: PondNegotiator | None = None
+        self._queue_running = False
+        self._dispatched: list[list[Any]] = []
+        self._violations: list[str] = []
+        #: this machine's pond memberships: [wall time, manager id or None, pond job id]
+        self.membership_log: deque[list[Any]] = deque(maxlen=512)
+        self._in_pond: str | None = None
+        self.stats: dict[str, int] = {"joined_while_in_pond": 0}
         self._ponds: set[int] = set()
         self._served = False
 
@@ -177,15 +213,103 @@ class Discovery:
         """Answer ClassAd tree queries with ``machine`` (None: this node has no machine but
         may still start queries) and take part in Pools on Demand (PonD §3.1–3.2)."""
         self.query = _query.attach(self.core, machine, query_config)
+
+        def hook(manager: NodeHandle | None, stamp: Any) -> None:
+            # the machine's own record of its ponds (what ``flockring pond --member`` shows)
+            if manager is not None and self._in_pond is not None:
+                self.stats["joined_while_in_pond"] += 1
+            self._in_pond = str(manager.id) if manager is not None else None
+            job = str(getattr(stamp, "job_id", "") or "")
+            self.membership_log.append([time.time(), self._in_pond, job])
+            if on_condor_host is not None:
+                on_condor_host(manager, stamp)
+
         self.pond = _pond.attach(
             self.core,
             machine,
             pond_config,
             signer=self.signer,
             policy=policy,
-            on_condor_host=on_condor_host,
+            on_condor_host=hook,
         )
         return self.query, self.pond
+
+    def attach_site(
+        self,
+        *,
+        pool: PoolView | None,
+        collector: str,
+        pool_name: str,
+        original: bool = False,
+        applier: Callable[[FlockDecision], object] | None = None,
+        applied: FlockDecision | None = None,
+        machine: bool = False,
+        policy: Policy | None = None,
+        flock_config: FlockConfig | None = None,
+        failover_config: FailoverConfig | None = None,
+        submit_config: SubmitConfig | None = None,
+        agent_config: AgentConfig | None = None,
+    ) -> Site:
+        """Make this node a machine of a pool ring that carries the flock role (Butt et al.
+        2006 §3.3): faultD, a :class:`PoolAgent` (re-sends its ad to every new manager), the
+        flock (announcing only while this node is the manager), the decision push with
+        ``applier`` (e.g. a persisting ``FlockConfigApplier``; ``applied``: what it applied
+        before a restart) and the :class:`Site` that moves the flock role with the manager
+        role. ``pool``: what the flock reads when this node manages (None: the ads the
+        machines re-sent to this node's collector, :class:`CollectorView`)."""
+        signed = self.signer is not None
+        fo = self.attach_failover(None, original=original, config=failover_config)
+        self.agent = PoolAgent(fo, agent_config, machine=machine)
+        cfg = flock_config if flock_config is not None else FlockConfig(require_signatures=signed)
+        self.flock = Flock(
+            self.core,
+            pool if pool is not None else CollectorView(self.agent),
+            cfg,
+            policy=policy,
+            signer=self.signer,
+            collector=collector,
+            pool_name=pool_name,
+            clock=time.time,
+        )
+        sync = SubmitSync(
+            self.core,
+            fo.pool,
+            applier if applier is not None else (lambda _d: None),
+            submit_config if submit_config is not None else SubmitConfig(require_signatures=signed),
+            signer=self.signer,
+            applied=applied,
+        )
+        self.site = Site(fo, self.flock, sync, collector=collector, pool_name=pool_name)
+        self._applier = applier
+        return self.site
+
+    def attach_pond_queue(
+        self, source: JobSource, negotiator: PondNegotiator | None = None
+    ) -> None:
+        """Let ``flockring pond ADDR --from-queue`` run queue-driven ponds over ``source``
+        (PonD §3.2); a :class:`SimulatedJobQueue` is its own negotiator. Needs the pond plugin
+        (:meth:`attach_query`)."""
+        self._need(self.pond, "pond")
+        self._queue = source
+        self._negotiator = negotiator
+        if negotiator is None and isinstance(source, SimulatedJobQueue):
+            self._negotiator = source
+        if isinstance(source, SimulatedJobQueue):
+            source.on_start = self._on_job_start
+
+    def _on_job_start(self, job: QueuedJob, machine: NodeHandle) -> None:
+        s, p = self.scheduler, self.pond
+        c = s.clusters.get(autocluster(job.ad)) if s is not None else None
+        job_id = c.job_id if c is not None else ""
+        ok = (
+            p is not None
+            and c is not None
+            and c.pond_id in p.ponds
+            and machine in p.members(c.pond_id)
+        )
+        if not ok:
+            self._violations.append(f"job {job.job_id} started on {machine.id} outside its pond")
+        self._dispatched.append([job.job_id, str(machine.id), job_id])
 
     def attach_failover(
         self,
@@ -291,6 +415,8 @@ class Discovery:
         n.add_control_handler(PondRequest, self._on_pond)
         n.add_control_handler(PondReleaseRequest, self._on_release)
         n.add_control_handler(ManagerInfoRequest, self._on_manager)
+        n.add_control_handler(PondQueueRequest, self._on_pond_queue)
+        n.add_control_handler(PondMemberRequest, self._on_pond_member)
 
     @staticmethod
     def _fail(nonce: int, reply: Reply, why: str) -> None:
@@ -362,11 +488,120 @@ class Discovery:
         if fo is None:
             self._fail(msg.nonce, reply, "this node is on no pool ring (start it with --pool-ring)")
             return
-        reply(InfoReply(msg.nonce, True, fo.status()))
+        data = fo.status()
+        if self.site is not None:
+            data["site"] = self._site_info(self.site)
+        reply(InfoReply(msg.nonce, True, data))
+
+    def _site_info(self, site: Site) -> dict[str, Any]:
+        out = site.status()
+        a = site.sync.applied
+        out["applied_flock_to"] = (
+            [t.collector for t in a.targets] if a is not None and a.enabled else []
+        )
+        out["applied_version"] = list(a.version) if a is not None else None
+        if self.agent is not None:
+            out["agent"] = self.agent.status()
+        stats = getattr(self._applier, "stats", None)
+        if isinstance(stats, Mapping):  # e.g. FlockConfigApplier: state_loaded, applied, failed
+            out["applier"] = {str(k): int(v) for k, v in stats.items()}
+        return out
+
+    # ------------------------------------------------------------------ queue-driven ponds
+    def _queue_info(self) -> dict[str, Any]:
+        s = self.scheduler
+        assert s is not None
+        q = self._queue
+        finished: list[list[Any]] = []
+        empty: bool | None = None
+        if isinstance(q, SimulatedJobQueue):
+            finished = [[j, str(m.id), t0, t1] for j, m, t0, t1 in q.runs]
+            empty = q.empty
+        return pond_queue_info(
+            s,
+            running=self._queue_running,
+            dispatched=self._dispatched,
+            finished=finished,
+            violations=self._violations,
+            queue_empty=empty,
+        )
+
+    def _on_pond_queue(self, src: NodeHandle, msg: Message, reply: Reply) -> None:
+        assert isinstance(msg, PondQueueRequest)
+        p, q = self.pond, self._queue
+        if p is None or q is None:
+            self._fail(msg.nonce, reply, "this node has no job queue (start it with --pool)")
+            return
+        if msg.action == "start":
+            if not self._queue_running:
+                try:
+                    cfg = SchedulerConfig(min_interval_s=msg.interval_s, max_pond=msg.max_pond)
+                except (ValueError, TypeError) as e:
+                    self._fail(msg.nonce, reply, f"bad scheduler settings: {e}")
+                    return
+                if self.scheduler is None or not self.scheduler.clusters:
+                    self.scheduler = PondScheduler(p, q, self._negotiator, cfg)
+                if isinstance(q, SimulatedJobQueue):
+                    q.on_change = self.scheduler.kick
+                self._queue_running = True
+                self.scheduler.start()
+            reply(InfoReply(msg.nonce, True, self._queue_info()))
+        elif msg.action == "status":
+            if self.scheduler is None:
+                self._fail(msg.nonce, reply, "no queue-driven ponds have run here")
+                return
+            reply(InfoReply(msg.nonce, True, self._queue_info()))
+        elif msg.action == "stop":
+            self._stop_queue(lambda: reply(InfoReply(msg.nonce, True, self._queue_info())))
+        else:
+            self._fail(msg.nonce, reply, f"unknown action {msg.action!r}")
+
+    def _stop_queue(self, done: Callable[[], None]) -> None:
+        """Stop the scheduler and release every pond it holds; ``done()`` once released."""
+        s, p = self.scheduler, self.pond
+        self._queue_running = False
+        if s is None or p is None:
+            done()
+            return
+        s.stop()
+        ponds = [c.pond_id for c in s.clusters.values() if c.pond_id in p.ponds]
+        s.clusters.clear()
+        left = [len(ponds)]
+
+        def one(_r: ReleaseResult) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+
+        if not ponds:
+            done()
+        for pid in ponds:
+            if pid is not None:
+                p.release(pid, one)
+
+    def _on_pond_member(self, src: NodeHandle, msg: Message, reply: Reply) -> None:
+        assert isinstance(msg, PondMemberRequest)
+        p = self.pond
+        if p is None:
+            self._fail(msg.nonce, reply, "this node runs no pond plugin")
+            return
+        m = p.membership
+        data = {
+            "member_of": None
+            if m is None
+            else {"manager": str(m.manager.id), "pond_id": m.pond_id, "job_id": m.job_id},
+            "history": list(self.membership_log),
+            "joined_while_in_pond": self.stats["joined_while_in_pond"],
+        }
+        reply(InfoReply(msg.nonce, True, data))
 
     def stop(self) -> None:
         """Stop every attached plugin (pending operations end)."""
-        for p in (self.flock, self.pond, self.failover):
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.site is not None:
+            self.site.sync.stop_publishing()
+        for p in (self.flock, self.pond, self.failover, self.agent):
             if p is not None:
                 try:
                     p.stop()

@@ -22,17 +22,19 @@ nodes, which are derived from the ClassAds of the local submission queue", §3.2
   the members (the manager is the pond's central manager). The scheduler only sizes ponds; it
   reads the queue through the small :class:`JobSource` protocol and, when given one, asks a
   :class:`PondNegotiator` which members are busy (never shrinking those) and to start jobs on a
-  pond's members. :class:`SimulatedJobQueue` is both, in virtual time, for experiments and
-  tests; a live adapter reads the schedd's idle and running jobs (``condor_q``) and the pond's
-  collector — not written here.
+  pond's members. :class:`SimulatedJobQueue` is both, in virtual time, for experiments, tests
+  and live nodes without HTCondor (``flockring node --pool simulated:…``); :class:`CondorQueue`
+  reads the schedds' idle and running jobs (``condor_q``) on a live site, where HTCondor's
+  negotiator starts them (no :class:`PondNegotiator`: ponds then never shrink below the running
+  jobs, they only grow and are released).
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -43,6 +45,8 @@ from overlay.runtime import Runtime, Timer
 from overlay.validators import positive
 
 __all__ = [
+    "DEMO_JOB_ADS",
+    "CondorQueue",
     "JobSource",
     "PondNegotiator",
     "PondScheduler",
@@ -50,6 +54,7 @@ __all__ = [
     "SchedulerConfig",
     "SimulatedJobQueue",
     "autocluster",
+    "submit_demo_jobs",
 ]
 
 
@@ -314,3 +319,75 @@ class SimulatedJobQueue:
     def empty(self) -> bool:
         """No idle and no running job."""
         return not self._idle and not self._running
+
+
+# ---------------------------------------------------------------------- demo jobs
+#: job ads of three autoclusters that match most of ``random_machine_ad``'s machines (a live
+#: node's simulated queue draws from them: ``flockring node --pool simulated:… --queue-jobs``)
+DEMO_JOB_ADS = (
+    '[ Requirements = TARGET.Memory >= 2048; Rank = TARGET.Memory; Owner = "alice" ]',
+    '[ Requirements = TARGET.Arch == "X86_64"; Rank = TARGET.Cpus; Owner = "bob" ]',
+    '[ Requirements = TARGET.Cpus >= 2; Rank = 0; Owner = "carol" ]',
+)
+
+
+def submit_demo_jobs(
+    queue: SimulatedJobQueue, n: int, mean_s: float, rng: Any, ads: Sequence[str] = DEMO_JOB_ADS
+) -> list[int]:
+    """Queue ``n`` jobs with ads drawn from ``ads`` and exponential lengths of mean ``mean_s``
+    (``rng``: a seeded ``random.Random``); their ids."""
+    return [queue.submit(rng.choice(ads), rng.expovariate(1.0 / mean_s)) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------- a live schedd
+_IDLE, _RUNNING = 1, 2
+
+
+class CondorQueue:
+    """The schedds' queue as a :class:`JobSource`, read through an ad source (PonD §3.2: "the
+    number of required nodes ... derived from the ClassAds of the local submission queue").
+
+    ``jobs`` returns job ads (``classad2.ClassAd``: e.g. the second source of
+    ``discovery.condor_pool.htcondor_ad_sources``, or recorded ``condor_q -long`` text).
+    :meth:`read` calls it, keeps the idle (``JobStatus == 1``) and running (``2``) jobs and
+    returns every ad, so that a ``CondorPool(job_ads=queue.read)`` refreshes both with one
+    schedd query. Blocking: a live node calls it in a worker thread. A job's id is
+    ``ClusterId * 1_000_000 + ProcId``; an ad without them, or whose ``Requirements``/``Rank``
+    does not parse, is skipped and counted in :attr:`stats`.
+    """
+
+    def __init__(self, jobs: Callable[[], Iterable[Any]]) -> None:
+        self._source = jobs
+        self._idle: list[QueuedJob] = []
+        self._running: list[QueuedJob] = []
+        self.stats: Counter[str] = Counter()
+
+    def read(self) -> list[Any]:
+        """Read the queue now (blocking); returns the ads read."""
+        ads = list(self._source())
+        idle: list[QueuedJob] = []
+        running: list[QueuedJob] = []
+        for ad in ads:
+            try:
+                status = ad.eval("JobStatus")
+                jid = int(ad.eval("ClusterId")) * 1_000_000 + int(ad.eval("ProcId"))
+                text = str(ad)
+                autocluster(text)  # parses Requirements and Rank: a bad ad is skipped here
+            except Exception:
+                self.stats["unreadable"] += 1
+                continue
+            if status == _IDLE:
+                idle.append(QueuedJob(jid, text))
+            elif status == _RUNNING:
+                running.append(QueuedJob(jid, text))
+        self._idle, self._running = idle, running
+        self.stats["reads"] += 1
+        return ads
+
+    def idle_jobs(self) -> list[QueuedJob]:
+        """Idle jobs of the last read, in the schedd's order."""
+        return list(self._idle)
+
+    def running_jobs(self) -> list[QueuedJob]:
+        """Running jobs of the last read."""
+        return list(self._running)

@@ -119,6 +119,8 @@ class Site:
         self._serving = False
         self._warm_until = 0.0
         self._warm_timer: Timer | None = None
+        if sync.pool_key is None:
+            sync.pool_key = failover.pool
         flock.on_decision = self._on_decision
         if sync.authorize is None:
             sync.authorize = self._authorize
@@ -141,6 +143,8 @@ class Site:
         return self._serving
 
     def _on_change(self, ch: ManagerChange) -> None:
+        if self.sync.pool_key is None:  # a live listener learns the pool key from an alive
+            self.sync.pool_key = self.failover.pool
         if ch.i_am_manager and not self._serving:
             self._take_role(ch.state, ch.epoch)
         elif not ch.i_am_manager and self._serving:

@@ -21,7 +21,9 @@ a pool ring (the ring faultD uses, Butt et al. 2006 §3.3), the central manager 
 * **Apply newest only.** A push is applied through the injected applier (on a site,
   :class:`discovery.condor.FlockConfigApplier`: atomic ``config.d`` fragment + reconfigure) only
   when its ``(epoch, seq)`` is greater than the applied one; duplicates, reordered and replayed
-  pushes change nothing (counted), so a submit machine never goes back to an older list.
+  pushes change nothing (counted), so a submit machine never goes back to an older list. Across
+  a reboot too: ``SubmitSync(applied=...)`` starts from the decision a persisting applier kept
+  beside its fragment (``FlockConfigApplier(persist=True).load()``).
 * **Trust.** With signatures required, a push must carry the signature of the manager it names
   (its key hashes to the manager's id). An ``authorize(manager_id, epoch)`` check (on a site:
   "is this the manager faultD follows?") guards against any other pool member speaking as the
@@ -186,17 +188,22 @@ class SubmitSync(BaseApplication):
     def __init__(
         self,
         core: KbrCore,
-        pool_key: NodeId,
+        pool_key: NodeId | None,
         applier: DecisionApplier,
         config: SubmitConfig | None = None,
         *,
         signer: Signer | None = None,
         authorize: Authorize | None = None,
         on_apply: Callable[[FlockDecision], object] | None = None,
+        applied: FlockDecision | None = None,
         register: bool = True,
     ) -> None:
-        """``applier`` renders and applies a decision (e.g. a ``FlockConfigApplier``);
-        ``on_apply`` observes every applied decision (tests, metrics)."""
+        """``pool_key`` may be None until faultD learns it from the first alive (set the
+        attribute then; pushes received before are held and re-tried at the manager change).
+        ``applier`` renders and applies a decision (e.g. a ``FlockConfigApplier``);
+        ``on_apply`` observes every applied decision (tests, metrics); ``applied`` is the
+        decision this machine applied before it restarted (``FlockConfigApplier.load``):
+        nothing older or equal is applied again."""
         self.core = core
         self.pool_key = pool_key
         self.applier = applier
@@ -208,7 +215,7 @@ class SubmitSync(BaseApplication):
         self.on_apply = on_apply
         self.stats: Counter[str] = Counter()
         #: the newest decision applied on this node (None: none yet)
-        self.applied: FlockDecision | None = None
+        self.applied: FlockDecision | None = applied
         #: the newest decision this node published as manager (None: not publishing)
         self.published: FlockDecision | None = None
         self._push_msg: FlockPush | None = None
@@ -236,6 +243,8 @@ class SubmitSync(BaseApplication):
             raise SubmitError(f"decision encodes to {len(raw)} bytes > {MAX_DECISION_BYTES}")
         if self.config.require_signatures and self.signer is None:
             raise ConfigError("require_signatures is on but this node has no signer")
+        if self.pool_key is None:
+            raise SubmitError("the pool key is not known yet")
         msg = FlockPush(self.pool_key, self.core.handle, decision.epoch, decision.seq, raw)
         if self.signer is not None:
             msg = sign_message(msg, self.signer, DOMAIN)
@@ -296,7 +305,7 @@ class SubmitSync(BaseApplication):
         ):
             return
         self._last_pull = (manager.id, now)
-        if manager == self.core.handle:
+        if manager == self.core.handle or self.pool_key is None:
             return
         a = self.applied
         e, s = a.version if a is not None else (0, 0)
@@ -325,12 +334,15 @@ class SubmitSync(BaseApplication):
         ):
             self.stats["malformed"] += 1
             return
-        if m.pool != self.pool_key:
-            self.stats["wrong_pool"] += 1
-            return
         a = self.applied
         if a is not None and (m.epoch, m.seq) <= a.version:
             self.stats["stale" if (m.epoch, m.seq) < a.version else "duplicate"] += 1
+            return
+        if self.pool_key is None:
+            self._hold(m, "pool_unknown")  # re-tried once faultD names the pool's manager
+            return
+        if m.pool != self.pool_key:
+            self.stats["wrong_pool"] += 1
             return
         if self.config.require_signatures and not verify_message(
             m, m.manager.id, DOMAIN, self._keys
@@ -342,12 +354,15 @@ class SubmitSync(BaseApplication):
             self.stats["malformed"] += 1
             return
         if self.authorize is not None and not self.authorize(m.manager.id, m.epoch):
-            self.stats["unauthorized"] += 1
-            p = self._pending
-            if p is None or (m.epoch, m.seq) > (p.epoch, p.seq):
-                self._pending = m
+            self._hold(m, "unauthorized")
             return
         self._apply(d)
+
+    def _hold(self, m: FlockPush, why: str) -> None:
+        self.stats[why] += 1
+        p = self._pending
+        if p is None or (m.epoch, m.seq) > (p.epoch, p.seq):
+            self._pending = m
 
     def _apply(self, d: FlockDecision) -> None:
         if not d.newer_than(self.applied):

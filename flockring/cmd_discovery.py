@@ -12,6 +12,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from typing import Any
 
 import trio
@@ -171,7 +172,130 @@ async def _pond(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def _counts(d: dict[str, Any]) -> tuple[int, ...]:
+    return (
+        d["ponds_formed"],
+        d["ponds_grown"],
+        d["ponds_released"],
+        len(d["dispatched"]),
+        len(d["finished"]),
+        d["idle_jobs"],
+        d["running_jobs"],
+    )
+
+
+def _queue_line(t: float, d: dict[str, Any]) -> str:
+    members = sum(len(c["members"]) for c in d["clusters"])
+    return (
+        f"{t:7.1f} s  ponds: {len(d['clusters'])} ({members} machines)  formed "
+        f"{d['ponds_formed']}, grown {d['ponds_grown']}, released {d['ponds_released']}, "
+        f"shrunk by {d['members_shrunk']}; jobs dispatched {len(d['dispatched'])}, "
+        f"finished {len(d['finished'])}; queue: {d['idle_jobs']} idle, "
+        f"{d['running_jobs']} running"
+    )
+
+
+async def _pond_queue(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the node's queue-driven ponds, follow them, stop them (releasing every pond)."""
+    from discovery.control import PondQueueRequest
+
+    addr, to = args.address, args.timeout
+    start = PondQueueRequest(_nonce(), "start", args.interval, args.max_pond)
+    data: dict[str, Any] = await _ask(addr, start, to)
+    t0 = trio.current_time()
+    if not args.json:
+        print(
+            f"queue-driven ponds on {addr}: {data['idle_jobs']} idle, {data['running_jobs']} "
+            f"running jobs; minimum interval {args.interval:g} s, at most {args.max_pond} "
+            "machines a pond",
+            flush=True,
+        )
+        print(_queue_line(0.0, data), flush=True)
+    timeline = [[0.0, *_counts(data)]]
+    ended = "duration"
+    last = _counts(data)
+    limit = args.duration if args.duration is not None else float("inf")
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+        stop_sig = trio.Event()
+
+        async def watch() -> None:
+            async for _ in sigs:
+                stop_sig.set()
+                return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            with trio.move_on_after(limit):
+                while not stop_sig.is_set():
+                    with trio.move_on_after(args.poll):
+                        await stop_sig.wait()
+                    if stop_sig.is_set():
+                        ended = "signal"
+                        break
+                    data = await _ask(addr, PondQueueRequest(_nonce(), "status"), to)
+                    t = trio.current_time() - t0
+                    now = _counts(data)
+                    if now != last:
+                        last = now
+                        timeline.append([round(t, 2), *now])
+                        if not args.json:
+                            print(_queue_line(t, data), flush=True)
+                    if args.until_empty and data["queue_empty"] and not data["clusters"]:
+                        ended = "empty"
+                        break
+            nursery.cancel_scope.cancel()
+    before = data
+    final: dict[str, Any] = await _ask(addr, PondQueueRequest(_nonce(), "stop"), to)
+    final["before_stop"] = before
+    final["ended"] = ended
+    final["timeline"] = timeline
+    final["elapsed_s"] = round(trio.current_time() - t0, 2)
+    if not args.json:
+        print(
+            f"stopped ({ended}) after {final['elapsed_s']:.1f} s: ponds formed "
+            f"{final['ponds_formed']}, grown {final['ponds_grown']}, released "
+            f"{before['ponds_released']} as the queue emptied and {len(before['clusters'])} at "
+            f"stop; jobs dispatched {len(final['dispatched'])}, finished "
+            f"{len(final['finished'])}; "
+            f"{len(final['violations'])} starts outside a pond"
+        )
+    return final
+
+
+async def _pond_member(args: argparse.Namespace) -> dict[str, Any]:
+    from discovery.control import PondMemberRequest
+
+    data: dict[str, Any] = await _ask(args.address, PondMemberRequest(_nonce()), args.timeout)
+    return data
+
+
 def cmd_pond(args: argparse.Namespace) -> int:
+    if args.member:
+        data = _run(_pond_member, args)
+        if args.json:
+            print(json.dumps(data, indent=1))
+        else:
+            m = data["member_of"]
+            print(
+                "in no pond"
+                if m is None
+                else f"in pond {m['pond_id']} (job {m['job_id']}) of {m['manager'][:8]}"
+            )
+            rows = [
+                [time.strftime("%H:%M:%S", time.localtime(t)), (mgr or "-")[:8], job or "-"]
+                for t, mgr, job in data["history"]
+            ]
+            _table("pond memberships (joined / left)", ["time", "manager", "job"], rows)
+        return 0
+    if args.from_queue:
+        if args.interval <= 0 or args.max_pond < 1 or args.poll <= 0:
+            raise CliError("--interval and --poll must be > 0, --max-pond >= 1")
+        data = _run(_pond_queue, args)
+        if args.json:
+            print(json.dumps(data, indent=1))
+        return 0
+    if not args.requirements:
+        raise CliError("pond needs REQUIREMENTS (or --from-queue, or --member)")
     if args.k < 1:
         raise CliError("-k must be >= 1")
     data = _run(_pond, args)
@@ -195,6 +319,19 @@ def cmd_manager(args: argparse.Namespace) -> int:
         print(f"epoch:     term {epoch[0]} (node {str(epoch[1])[:8]})   seq {data.get('seq')}")
     holders = data.get("holders") or []
     print(f"replica holders ({len(holders)}): " + " ".join(h[:8] for h in holders))
+    site = data.get("site")
+    if site:
+        sync = site["sync"]
+        role = "serving (announces, decides, pushes)" if site["serving"] else "following"
+        print(f"flock role: {role}   pool {site['pool_name']} ({site['collector']})")
+        av = site.get("applied_version")
+        print(
+            "applied decision: "
+            + (f"epoch {av[0]} seq {av[1]}" if av else "none yet")
+            + f"   FLOCK_TO = {', '.join(site['applied_flock_to'])}"
+        )
+        keys = ("applied", "duplicate", "stale", "unauthorized", "bad_signature", "pulls_sent")
+        print("push counters: " + "  ".join(f"{k}={sync['stats'].get(k, 0)}" for k in keys))
     return 0
 
 
@@ -220,14 +357,40 @@ def register(sub: Any) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_query)
 
-    p = sub.add_parser("pond", help="form a Pool on Demand from a running node, then release it")
+    p = sub.add_parser(
+        "pond",
+        help="form a Pool on Demand from a running node (or run its queue-driven ponds)",
+    )
     p.add_argument("address")
-    p.add_argument("requirements")
+    p.add_argument("requirements", nargs="?")
     p.add_argument("--rank")
     p.add_argument("-k", type=int, default=1)
     p.add_argument(
         "--hold", type=float, metavar="S", help="release after S seconds (default: Ctrl-C)"
     )
+    p.add_argument(
+        "--from-queue",
+        action="store_true",
+        help="run ponds driven by the node's job queue (one per autocluster), then release them",
+    )
+    p.add_argument(
+        "--duration", type=float, metavar="S", help="with --from-queue: stop after S seconds"
+    )
+    p.add_argument(
+        "--until-empty",
+        action="store_true",
+        help="with --from-queue: stop once the queue is empty and every pond released",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="minimum time between negotiation cycles (default 5 s, NEGOTIATOR_MIN_INTERVAL)",
+    )
+    p.add_argument("--max-pond", type=int, default=64, help="most machines a pond may hold")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S", help=argparse.SUPPRESS)
+    p.add_argument("--member", action="store_true", help="which ponds the node's machine joined")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pond)

@@ -94,6 +94,10 @@ class SitePool:
         )
         idx = node.index
         base = self.applier_for(node) if self.applier_for is not None else None
+        # a persisting applier (FlockConfigApplier(persist=True)) knows what the machine applied
+        # before it was restarted: the push never goes back behind it
+        load = getattr(base, "load", None)
+        applied = load() if callable(load) else None
 
         def apply(d: FlockDecision) -> None:
             if base is not None:
@@ -106,6 +110,7 @@ class SitePool:
             apply,
             self.submit_config,
             signer=signer,
+            applied=applied if isinstance(applied, FlockDecision) else None,
         )
         site = Site(fo, flock, sync, collector=self.collector, pool_name=self.pool_name)
         self.sites[idx] = site
