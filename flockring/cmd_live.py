@@ -111,6 +111,7 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
                     signing=not args.no_signing,
                     join_timeout_s=args.join_timeout,
                     advertise=_nth_advertise(args.advertise, listen, i),
+                    sessions=not args.no_sessions,
                 )
                 async with node:
                     task_status.started(node)
@@ -200,8 +201,16 @@ def _client_bind(target: str) -> str:
     return format_address(sch, local, 0)
 
 
-async def _status(address: str, timeout_s: float) -> StatusReply:
-    async with _open_transport(_client_bind(address)) as t, ControlClient(t) as c:
+def _client(address: str, tls: bool) -> tuple[Any, Identity]:
+    """A transport to ask ``address`` from (TLS 1.3 with a throwaway key if ``tls``) and the
+    identity the client signs its requests with."""
+    ident = Identity.generate()
+    return _open_transport(_client_bind(address), ident.private_key if tls else None), ident
+
+
+async def _status(address: str, timeout_s: float, tls: bool = False) -> StatusReply:
+    transport, ident = _client(address, tls)
+    async with transport as t, ControlClient(t, ident) as c:
         return await c.status(address, timeout_s)
 
 
@@ -235,7 +244,7 @@ def _print_status(r: StatusReply, out: TextIO) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     address = _address(args.address)
-    r = _trio_run(_status, address, args.timeout)
+    r = _trio_run(_status, address, args.timeout, args.tls)
     if args.json:
         print(json.dumps(_status_json(r)))
     else:
@@ -257,8 +266,9 @@ def _status_json(r: StatusReply) -> dict[str, Any]:
     }
 
 
-async def _route(address: str, key: NodeId, timeout_s: float) -> dict[str, Any]:
-    async with _open_transport(_client_bind(address)) as t, ControlClient(t) as c:
+async def _route(address: str, key: NodeId, timeout_s: float, tls: bool = False) -> dict[str, Any]:
+    transport, ident = _client(address, tls)
+    async with transport as t, ControlClient(t, ident) as c:
         t0 = trio.current_time()
         r = await c.lookup(address, key, timeout_s)
         return {
@@ -273,7 +283,7 @@ async def _route(address: str, key: NodeId, timeout_s: float) -> dict[str, Any]:
 def cmd_route(args: argparse.Namespace) -> int:
     address = _address(args.address)
     key, how = _key(args.key)
-    res = _trio_run(_route, address, key, args.timeout)
+    res = _trio_run(_route, address, key, args.timeout, args.tls)
     if args.json:
         print(json.dumps(res))
     else:
@@ -436,6 +446,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="send and accept UNSIGNED datagrams (benchmarks only; insecure)",
     )
+    p.add_argument(
+        "--no-sessions",
+        action="store_true",
+        help="sign every datagram with Ed25519 instead of holding authenticated sessions "
+        "(Noise XX) with peers that exchange sustained traffic",
+    )
     node_plugins.add_arguments(p)
     p.set_defaults(func=cmd_node)
 
@@ -443,6 +459,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("address")
     s.add_argument("--timeout", type=float, default=3.0)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--tls", action="store_true", help="the node serves TLS 1.3 (node --tls)")
     s.set_defaults(func=cmd_status)
 
     r = subparsers.add_parser("route", help="ask a node which node is responsible for KEY")
@@ -450,6 +467,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("key", help="40-hex-digit id, or any text (hashed with SHA-1)")
     r.add_argument("--timeout", type=float, default=5.0)
     r.add_argument("--json", action="store_true")
+    r.add_argument("--tls", action="store_true", help="the node serves TLS 1.3 (node --tls)")
     r.set_defaults(func=cmd_route)
 
     d = subparsers.add_parser("demo", help="bring up a live ring in 3 local processes")

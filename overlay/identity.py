@@ -2,12 +2,14 @@
 
 Theory of operation (docs/transports.md): ids are *self-certifying* (as in Castro et al., "Secure
 routing for structured P2P overlay networks", 2002, and S/Kademlia): ``NodeId = SHA-1(raw 32-byte
-Ed25519 public key)``. Every envelope a live node sends is signed with the key
-(``transports/auth.py``), and the receiver recomputes the id from the verified key, so nobody can
-speak under an id without its private key. The key is stored as unencrypted PKCS#8 PEM in a file
-created with mode 0600; loading a key file that group or others may read is refused, as OpenSSH
-refuses such private keys. This module does file I/O but no networking and no clock; key generation
-uses the ``cryptography`` library's CSPRNG (OpenSSL), never the global ``random``.
+Ed25519 public key)``. Every datagram a live node sends is authenticated by the key — signed
+with it (``transports/auth.py``), or sealed in a session whose handshake the key vouched for
+(``transports/session.py``) — and the receiver recomputes the id from the verified key, so
+nobody can speak under an id without its private key. The key is stored as unencrypted PKCS#8
+PEM in a file created with mode 0600; loading a key file that group or others may read is
+refused, as OpenSSH refuses such private keys. This module does file I/O but no networking and
+no clock; key generation uses the ``cryptography`` library's CSPRNG (OpenSSL), never the global
+``random``.
 """
 
 from __future__ import annotations

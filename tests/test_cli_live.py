@@ -1,6 +1,8 @@
 """The live CLI end to end: 4 processes x 5 nodes join one ring on loopback UDP through
 ``flockring node``; ``flockring route`` crosses processes and agrees with the oracle; after one
 process is SIGKILLed the others still route correctly; user mistakes give one line on stderr.
+The same ``status`` / ``route`` checks run against rings on ``tcp://`` and on TCP with TLS 1.3
+(``node --tls``, ``status --tls``, ``route --tls``); a TLS node does not answer a plain client.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ def flockring(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[st
     )
 
 
-def start(n: int, join: list[str]) -> tuple[subprocess.Popen[str], list[tuple[int, str]]]:
-    cmd = [sys.executable, "-m", "flockring", "node", "--listen", "udp://127.0.0.1:0"]
-    cmd += ["--nodes", str(n), "--status-interval", "0"]
+def start(
+    n: int, join: list[str], listen: str = "udp://127.0.0.1:0", extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], list[tuple[int, str]]]:
+    cmd = [sys.executable, "-m", "flockring", "node", "--listen", listen]
+    cmd += ["--nodes", str(n), "--status-interval", "0", *extra]
     for j in join:
         cmd += ["--join", j]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -72,8 +76,8 @@ def oracle(ids: list[int], key: int) -> int:
     return best
 
 
-def route(addr: str, key: NodeId, timeout: float = 10) -> int:
-    r = flockring("route", addr, str(key), "--json", "--timeout", str(timeout))
+def route(addr: str, key: NodeId, timeout: float = 10, extra: tuple[str, ...] = ()) -> int:
+    r = flockring("route", addr, str(key), "--json", "--timeout", str(timeout), *extra)
     assert r.returncode == 0, r.stderr
     return int(json.loads(r.stdout)["responsible"], 16)
 
@@ -139,3 +143,30 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         assert lines[0].startswith("flockring: error:") or "usage" in lines[0], (args, lines)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+def test_status_and_route_over_tcp(procs: list[subprocess.Popen[str]], tls: bool) -> None:
+    extra = ("--tls",) if tls else ()
+    nodes: list[tuple[int, str]] = []
+    for _ in range(2):
+        p, got = start(4, [nodes[0][1]] if nodes else [], "tcp://127.0.0.1:0", extra)
+        procs.append(p)
+        nodes += got
+    assert all(a.startswith("tcp://127.0.0.1:") for _, a in nodes)
+    ids = [i for i, _ in nodes]
+    for j in range(4):
+        key = NodeId.hash_of(b"tcp-%d" % j)
+        entry = nodes[(j * 3) % len(nodes)][1]  # entries in both processes
+        assert route(entry, key, extra=extra) == oracle(ids, key)
+    st = flockring("status", nodes[5][1], "--json", *extra)
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["ready"] and int(status["id"], 16) == nodes[5][0]
+    assert status["address"] == nodes[5][1]
+    assert {a for _, a in status["leaf_set"]} <= {a for _, a in nodes}
+    assert len(status["leaf_set"]) == len(nodes) - 1
+    if tls:
+        # a client without TLS gets no answer from a TLS node, and says so in one line
+        r = flockring("status", nodes[0][1], "--timeout", "1")
+        assert r.returncode != 0 and r.stderr.startswith("flockring: error: no answer")

@@ -1,8 +1,9 @@
 """Transports move authenticated bytes and know nothing of overlays (docs/transports.md).
 
 ``MemoryNetwork`` (in-process, virtual-time friendly), ``open_udp`` / ``UdpTransport`` and
-``open_tcp`` / ``TcpTransport`` (optional TLS 1.3); the envelope codec (``codec``) and Ed25519
-signing with a replay window (``auth``).
+``open_tcp`` / ``TcpTransport`` (optional TLS 1.3); the envelope codec (``codec``), Ed25519
+signing with a replay window (``auth``) and authenticated sessions (``session``: a Noise XX
+handshake, ``noise``, then AEAD records with a replay window).
 
 The trio-based transports are imported on first use (PEP 562), so that ``overlay/wire.py`` can use
 the codec without pulling trio and socket into the sans-io simulator.
@@ -25,6 +26,7 @@ from transports.address import (
 from transports.auth import Opened, Signer, Verifier
 from transports.base import Transport
 from transports.codec import MAX_FRAME_BYTES, VERSION, Codec, Envelope, Limits
+from transports.session import SessionConfig, Sessions
 
 if TYPE_CHECKING:
     from transports.memory import MemoryNetwork, MemoryTransport
@@ -60,6 +62,8 @@ __all__ = [
     "MemoryNetwork",
     "MemoryTransport",
     "Opened",
+    "SessionConfig",
+    "Sessions",
     "Signer",
     "TcpTransport",
     "Transport",

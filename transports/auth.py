@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from transports.codec import DEFAULT_LIMITS, Codec, Limits, pack_envelope, signed_bytes
 from transports.errors import TransportConfigError
 
-__all__ = ["Opened", "Signer", "Verifier", "key_hash", "public_bytes"]
+__all__ = ["Opened", "Signer", "Verifier", "key_hash", "public_bytes", "public_key_entry"]
 
 
 def _wall_us() -> int:
@@ -129,9 +129,10 @@ _KEYS: dict[bytes, tuple[Ed25519PublicKey, bytes, bytes]] = {}
 _KEYS_MAX = 65536
 
 
-def _public_key(raw: bytes) -> tuple[Ed25519PublicKey, bytes, bytes] | None:
-    """``(key object, SHA-1 id, the shared copy of raw)`` — receivers key their replay state by
-    that one shared bytes object rather than each keeping a copy."""
+def public_key_entry(raw: bytes) -> tuple[Ed25519PublicKey, bytes, bytes] | None:
+    """``(key object, SHA-1 id, the shared copy of raw)`` for a raw Ed25519 public key, or None
+    if it is no valid key — receivers key their replay state (and sessions their peers) by those
+    shared bytes objects rather than each keeping a copy."""
     k = _KEYS.get(raw)
     if k is not None:
         return k
@@ -171,6 +172,9 @@ class Verifier:
         self.own_id = own_id
         #: sender key -> replay window; insertion order is recency (LRU: refreshed on use)
         self._windows: dict[bytes, array[int]] = {}
+        #: frames the sender of the last accepted frame had accepted within ``window_s`` (at most
+        #: ``max_seen_per_sender``): sustained traffic, which is when a session pays off
+        self.last_recent = 0
 
     def _replay_ok(self, sender: bytes, seq: int) -> bool:
         windows = self._windows
@@ -199,6 +203,7 @@ class Verifier:
             if drop:
                 floor = max(floor, recent[drop - 1])  # evicted: nothing below may return
             w[:] = array("Q", (floor, *recent[drop:]))
+        self.last_recent = len(w) - 1
         return True
 
     def _replayed(self, sender: bytes, seq: int) -> bool:
@@ -227,7 +232,7 @@ class Verifier:
         if self._replayed(sender, seq):  # no signature check for a frame we would refuse
             self.counters["replayed"] += 1
             return None
-        k = _public_key(sender)
+        k = public_key_entry(sender)
         if k is None:
             self.counters["forged"] += 1
             return None

@@ -10,16 +10,23 @@ request that echoes a valid cookie gets the full answer. Cookies are an HMAC of 
 under a per-node random secret and a time bucket; they are valid for two buckets, so no state
 is kept per source for them. Every request, proven or not, also passes a per-source token
 bucket, so one source cannot make the node work without bound.
+
+:class:`TokenBucket` is one bucket for all sources: it bounds the work a node does for session
+handshakes from anyone (``transports.session``: answering a HELLO costs two X25519 operations
+and a key generation, ~120 µs). A per-source table would cost every node ~150 bytes per peer
+that ever handshook with it; refusing a handshake under a flood costs only efficiency (the
+peers' traffic stays Ed25519-signed), so one bucket is enough.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 from collections import OrderedDict
 
-__all__ = ["ControlGate"]
+__all__ = ["ControlGate", "TokenBucket"]
 
 
 class ControlGate:
@@ -77,4 +84,26 @@ class ControlGate:
             self._buckets[address] = (tokens, now)
             return False
         self._buckets[address] = (tokens - 1.0, now)
+        return True
+
+
+class TokenBucket:
+    """One token bucket: ``rate_per_s`` tokens a second, at most ``burst`` saved up."""
+
+    __slots__ = ("_last", "_tokens", "burst", "rate_per_s")
+
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._tokens = burst
+        self._last = -math.inf
+
+    def admit(self, source: str, now: float) -> bool:
+        """Take one token (whoever ``source`` is); False when the bucket is empty."""
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate_per_s)
+            self._last = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
         return True

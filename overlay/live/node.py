@@ -5,12 +5,16 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
 * The node implements :class:`overlay.runtime.Runtime` for its core: ``now()`` is
   ``trio.current_time()`` (so ``trio.testing.MockClock`` drives a whole swarm in virtual time),
   ``call_later`` pushes onto *one* heap served by *one* timer task, ``send`` encodes the message
-  (``overlay/wire.py``), seals it (``transports/auth.py``: Ed25519 signature, sequence number,
-  reply address) and hands the bytes to the transport's non-blocking ``send_nowait``.
-* One receive task reads the transport, opens each envelope (limits, signature, replay window),
-  decodes the message (type-checked: the trust boundary) and calls ``core.receive(src, msg)``
-  with ``src = NodeHandle(SHA-1(verified key), reply address)``. Anything malformed, forged,
-  replayed or unsigned is dropped and counted in :attr:`Node.stats`; nothing raises into the loop.
+  (``overlay/wire.py``), seals it — as an AEAD record of the session held with that peer
+  (``transports/session.py``: Noise XX handshake bound to both Ed25519 identities), or, with
+  none, as an Ed25519-signed envelope (``transports/auth.py``) — and hands the bytes to the
+  transport's non-blocking ``send_nowait``. Peers that exchange sustained traffic handshake in
+  the background; control traffic and bootstrap messages stay signed.
+* One receive task reads the transport, opens each frame (session record: index, replay window,
+  AEAD tag; envelope: limits, signature, replay window), decodes the message (type-checked: the
+  trust boundary) and calls ``core.receive(src, msg)`` with ``src = NodeHandle(SHA-1(verified
+  key), address)``. Anything malformed, forged, replayed or unsigned is dropped and counted in
+  :attr:`Node.stats`; nothing raises into the loop.
 * All tasks live in one supervisor task inside the nursery the ``async with`` opens; leaving the
   block stops the core (a clean leave where the overlay offers one) and cancels them; no task is
   ever spawned fire-and-forget.
@@ -18,12 +22,8 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
   core's ``on_done``; :class:`Endpoint` turns ``deliver`` upcalls into an async iterator;
   :meth:`Node.probe` waits on a proximity callback. Timeouts map to our own exceptions.
 * A small read-only control protocol (status and lookup requests, tags 16–19) lets the CLI and
-  operators ask a running node about itself and about who is responsible for a key. Control
-  answers go to the address the request was *observed* from — the datagram's source, or on TCP
-  the very connection it came on — never to the address the asker claims. A lookup is routed
-  with this node as the way back: the responsible node answers here (its reply signed by itself
-  and bound to no receiver) and this node forwards those exact bytes to the asker, so a client
-  that cannot be dialled (bound to ``0.0.0.0``, behind a NAT) still gets its answer.
+  operators ask a running node about itself and who is responsible for a key; answers go where
+  the request was *observed* from (:mod:`overlay.live.serving`).
 * Addresses: the node tells peers ``advertise`` if given, else its transport's address; a
   wildcard (``0.0.0.0``, ``::``) is refused with :class:`~transports.address.WildcardAddressError`
   before anything is sent, since no peer could reach it.
@@ -62,22 +62,22 @@ from overlay.live.control import (
     ControlClient,
     LookupReply,
     LookupRequest,
-    Proven,
     StatusReply,
     StatusRequest,
     await_reply,
 )
-from overlay.live.gate import ControlGate
+from overlay.live.gate import ControlGate, TokenBucket
 from overlay.live.runtime import TrioRuntime, exit_nursery
 from overlay.live.serving import ControlHandler, ControlServer
 from overlay.messages import Message
 from overlay.multicast import Multicast
 from overlay.multicast import attach as attach_multicast
 from overlay.wire import Wire, WireError, encode_message, intern_handle
-from transports.address import AddressError, advertised_address, parse_address
+from transports.address import MAX_ADDRESS_LEN, AddressError, advertised_address, parse_address
 from transports.auth import Signer, Verifier
 from transports.base import Transport
 from transports.codec import Limits
+from transports.session import DROP_COUNTERS, SessionConfig, Sessions, is_session_frame
 
 __all__ = [
     "LOOKUP_APP",
@@ -107,6 +107,10 @@ _OVERLAYS: dict[str, tuple[str, str]] = {
 #: datagrams handled per wake-up of the receive task before it yields to the scheduler
 _BURST = 64
 
+#: HELLOs answered (and unknown-session hints sent): 100/s, 200 at once — more than a joining
+#: node meets; a flood costs < 2 % of a core (~120 µs each) and refused peers stay signed
+_HANDSHAKE_RATE_PER_S, _HANDSHAKE_BURST, _SESSIONS = 100.0, 200.0, SessionConfig()
+
 
 class ProbeError(OverlayError):
     """A probed peer did not answer (declared dead) or the probe timed out."""
@@ -119,6 +123,9 @@ class Node(ControlServer):
     (``PastryConfig`` / ``SmallWorldConfig``); ``overlay`` is ``"pastry"``, ``"smallworld"`` or a
     factory ``(runtime, handle[, config]) -> KbrCore``. ``signing=False`` sends unsigned
     envelopes and accepts unsigned ones (an explicit opt-out, for comparisons only).
+    ``sessions`` (signed mode only; a :class:`~transports.session.SessionConfig` or a bool):
+    authenticated sessions with peers that exchange sustained traffic, instead of an Ed25519
+    signature per datagram (``False``: every datagram signed).
     ``advertise`` is the address peers are told (``udp://IP:PORT``, or a bare IP taking the
     bound port); it is required when the transport is bound to a wildcard such as ``0.0.0.0``
     (:class:`~transports.address.WildcardAddressError` otherwise).
@@ -138,6 +145,7 @@ class Node(ControlServer):
         limits: Limits | None = None,
         core_kwargs: Mapping[str, Any] | None = None,
         advertise: str | None = None,
+        sessions: bool | SessionConfig = True,
     ) -> None:
         if isinstance(overlay, str) and overlay not in _OVERLAYS:
             raise ConfigError(
@@ -170,6 +178,13 @@ class Node(ControlServer):
             require_signatures=signing, limits=lim, own_id=self.identity.id.to_bytes_be()
         )
         self._wire = Wire(lim)
+        #: made at the first handshake (most nodes of a swarm never need one; ~1.5 KiB each)
+        self._sessions: Sessions | None = None
+        self._session_config: SessionConfig | None = None
+        if signing and sessions is not False:
+            if len(self._address.encode()) > MAX_ADDRESS_LEN:
+                raise ConfigError(f"sessions need an address of at most {MAX_ADDRESS_LEN} bytes")
+            self._session_config = sessions if isinstance(sessions, SessionConfig) else _SESSIONS
         self._counters: Counter[str] = Counter()
         self._core: KbrCore | None = None
         #: the multicast/aggregation application on this node's core (set on entry)
@@ -262,21 +277,46 @@ class Node(ControlServer):
         out: dict[str, int] = {}
         if self._core is not None:
             out.update(self._core.stats)
-        for prefix, c in (
+        parts = [
             ("node.", self._counters),
             ("auth.", self._verifier.counters),
             ("wire.", self._wire.counters),
             ("transport.", self.transport.stats),
-        ):
+        ]
+        if self._sessions is not None:
+            parts.append(("session.", self._sessions.counters))
+            out["session.held"] = len(self._sessions)
+        for prefix, c in parts:
             for k, v in c.items():
                 out[prefix + k] = v
         return MappingProxyType(out)
 
+    @property
+    def sessions(self) -> Sessions | None:
+        """This node's authenticated sessions (None when unsigned, turned off, or before the
+        first handshake)."""
+        return self._sessions
+
+    def _open_sessions(self, config: SessionConfig) -> Sessions:
+        s = self._sessions
+        if s is None:
+            s = self._sessions = Sessions(
+                self.identity.private_key,
+                self._address,
+                self.transport.send_nowait,
+                config=config,
+                admit=TokenBucket(_HANDSHAKE_RATE_PER_S, _HANDSHAKE_BURST).admit,
+            )
+        return s
+
     def dropped(self) -> int:
-        """Total inputs dropped at the trust boundary (codec, auth and wire rejections)."""
+        """Total inputs dropped at the trust boundary (codec, auth, session and wire)."""
         a = sum(v for k, v in self._verifier.counters.items() if k != "accepted")
         w = sum(v for k, v in self._wire.counters.items() if k != "decoded")
-        return a + w
+        s = 0
+        if self._sessions is not None:
+            s = sum(v for k, v in self._sessions.counters.items() if k in DROP_COUNTERS)
+        return a + w + s
 
     # ------------------------------------------------------------------ lifecycle
     def _make_core(self, runtime: TrioRuntime) -> KbrCore:
@@ -392,7 +432,11 @@ class Node(ControlServer):
             log.exception("cannot encode %s", type(msg).__name__)
             return
         to = peer.to_bytes_be() if peer is not None else None
-        frame = self._signer.seal(self._address, body, to if bind else None)
+        frame = None
+        if bind and to is not None and self._sessions is not None:
+            frame = self._sessions.seal(to, address, body, trio.current_time())
+        if frame is None:
+            frame = self._signer.seal(self._address, body, to if bind else None)
         self.transport.send_nowait(address, frame, to)
 
     async def _receive_loop(self) -> None:
@@ -422,7 +466,11 @@ class Node(ControlServer):
                     item = nowait()
 
     def _on_datagram(self, src_addr: str, data: bytes) -> None:
-        opened = self._verifier.open(data)
+        cfg = self._session_config
+        if cfg is not None and is_session_frame(data):
+            opened = self._open_sessions(cfg).receive(src_addr, data, trio.current_time())
+        else:
+            opened = self._verifier.open(data)
         if opened is None:
             return
         msg = self._wire.decode(opened.body)
@@ -439,66 +487,19 @@ class Node(ControlServer):
             except AddressError:
                 self._counters["bad_reply_address"] += 1
                 return
-        t = type(msg)
-        if t is Proven or t is StatusRequest or t is LookupRequest or t in self._control_handlers:
-            # control answers go where the request was observed from (UDP: its source; TCP: back
-            # over its connection), never to a claimed address
-            asker = intern_handle(opened.sender_hash, src_addr)
-            if t is Proven:
-                assert isinstance(msg, Proven)
-                proven = self._gate.valid(msg.cookie, src_addr, trio.current_time())
-                self._admit_control(asker, msg.request, proven, len(data))
-            else:
-                self._admit_control(asker, msg, False, len(data))
+        if self._control_message(msg, opened, src_addr, address, data):
             return
         src = intern_handle(opened.sender_hash, address)
-        if t is LookupReply:
-            assert isinstance(msg, LookupReply)
-            if msg.responsible.id != src.id:
-                # only the responsible node itself may answer (its key proves its id): an echo
-                # of the nonce from anyone else would redirect the lookup
-                self._counters["lookup_reply_forged"] += 1
-                return
-            relay = self._relays.pop(msg.nonce, None)
-            if relay is not None:
-                # an answer for a client we routed for: forward its exact bytes (signed by the
-                # responsible node, which the client checks) over the client's own path
-                self._counters["lookups_relayed"] += 1
-                self.transport.send_nowait(relay[0], data, None)
-                return
-            self.deliver_reply(msg)
-            return
-        if t is StatusReply:
-            self.deliver_reply(msg)
-            return
         core = self._core
         if core is not None:
+            if cfg is not None and opened.sender_key is not None:
+                # a signed frame from a member: sustained traffic earns a session
+                recent = self._verifier.last_recent
+                if self._sessions is not None or recent >= cfg.handshake_after_frames:
+                    self._open_sessions(cfg).consider(
+                        opened.sender_hash, address, recent, trio.current_time()
+                    )
             core.receive(src, msg)
-
-    def deliver_reply(self, msg: Message) -> None:
-        """Hand a control reply to the request waiting for its nonce (or count it)."""
-        waiter = self._ctl_waiters.pop(getattr(msg, "nonce", -1), None)
-        if waiter is not None:
-            waiter(msg)
-        else:
-            self._counters["unexpected_reply"] += 1
-
-    def status_reply(self, nonce: int = 0) -> StatusReply:
-        """This node's :class:`StatusReply` (what ``flockring status`` shows)."""
-        stats = tuple(sorted((k, int(v)) for k, v in self.stats.items()))
-        rows = tuple(len(r) for r in self.routing_table) if self._core is not None else ()
-        core = self._core
-        return StatusReply(
-            nonce,
-            self.handle,
-            self.overlay,
-            self.ready,
-            max(0.0, trio.current_time() - self._started_at),
-            self.leaf_set,
-            rows,
-            len(core.known_nodes()) if core is not None else 0,
-            stats[:200],
-        )
 
     # ------------------------------------------------------------------ API
     def require_core(self) -> KbrCore:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import trio
@@ -36,13 +36,14 @@ from overlay.live.control import (
     CookieReply,
     LookupReply,
     LookupRequest,
+    Proven,
     StatusReply,
     StatusRequest,
 )
 from overlay.live.gate import ControlGate
 from overlay.messages import Message
-from overlay.wire import encode_message
-from transports.auth import Signer
+from overlay.wire import encode_message, intern_handle
+from transports.auth import Opened, Signer
 from transports.base import Transport
 
 __all__ = ["ControlHandler", "ControlServer"]
@@ -69,6 +70,9 @@ class ControlServer:
     _signer: Signer
     _relays: dict[int, tuple[str, float]]
     _control_handlers: dict[type[Message], ControlHandler]
+    _ctl_waiters: dict[int, Callable[[Message], None]]
+    _started_at: float
+    overlay: str
 
     if TYPE_CHECKING:
 
@@ -76,11 +80,89 @@ class ControlServer:
         def handle(self) -> NodeHandle:
             """The node's handle."""
 
+        @property
+        def ready(self) -> bool:
+            """True once joined."""
+
+        @property
+        def leaf_set(self) -> tuple[NodeHandle, ...]:
+            """Ring neighbours."""
+
+        @property
+        def routing_table(self) -> tuple[tuple[NodeHandle, ...], ...]:
+            """Routing-table rows."""
+
+        @property
+        def stats(self) -> Mapping[str, int]:
+            """All counters."""
+
         def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
             """Sign and send a message."""
 
-        def status_reply(self, nonce: int = 0) -> StatusReply:
-            """The node's status reply."""
+    def _control_message(
+        self, msg: Message, opened: Opened, src_addr: str, address: str, data: bytes
+    ) -> bool:
+        """Handle ``msg`` (from the frame ``data``, opened as ``opened``, observed from
+        ``src_addr``; ``address``: where its sender listens) if it belongs to the control
+        protocol — requests, their answers and lookup answers to relay. True if it did."""
+        t = type(msg)
+        if t is Proven or t is StatusRequest or t is LookupRequest or t in self._control_handlers:
+            # control answers go where the request was observed from (UDP: its source; TCP: back
+            # over its connection), never to a claimed address
+            asker = intern_handle(opened.sender_hash, src_addr)
+            if t is Proven:
+                assert isinstance(msg, Proven)
+                proven = self._gate.valid(msg.cookie, src_addr, trio.current_time())
+                self._admit_control(asker, msg.request, proven, len(data))
+            else:
+                self._admit_control(asker, msg, False, len(data))
+            return True
+        if t is LookupReply:
+            assert isinstance(msg, LookupReply)
+            if msg.responsible.id.to_bytes_be() != opened.sender_hash:
+                # only the responsible node itself may answer (its key proves its id): an echo
+                # of the nonce from anyone else would redirect the lookup
+                self._counters["lookup_reply_forged"] += 1
+                return True
+            relay = self._relays.get(msg.nonce) if opened.sender_key is not None else None
+            if relay is not None:
+                # an answer for a client we routed for: forward its exact bytes (signed by the
+                # responsible node, which the client checks) over the client's own path
+                del self._relays[msg.nonce]
+                self._counters["lookups_relayed"] += 1
+                self.transport.send_nowait(relay[0], data, None)
+                return True
+            self.deliver_reply(msg)
+            return True
+        if t is StatusReply:
+            self.deliver_reply(msg)
+            return True
+        return False
+
+    def deliver_reply(self, msg: Message) -> None:
+        """Hand a control reply to the request waiting for its nonce (or count it)."""
+        waiter = self._ctl_waiters.pop(getattr(msg, "nonce", -1), None)
+        if waiter is not None:
+            waiter(msg)
+        else:
+            self._counters["unexpected_reply"] += 1
+
+    def status_reply(self, nonce: int = 0) -> StatusReply:
+        """This node's :class:`StatusReply` (what ``flockring status`` shows)."""
+        stats = tuple(sorted((k, int(v)) for k, v in self.stats.items()))
+        core = self._core
+        rows = tuple(len(r) for r in self.routing_table) if core is not None else ()
+        return StatusReply(
+            nonce,
+            self.handle,
+            self.overlay,
+            self.ready,
+            max(0.0, trio.current_time() - self._started_at),
+            self.leaf_set,
+            rows,
+            len(core.known_nodes()) if core is not None else 0,
+            stats[:200],
+        )
 
     def _admit_control(self, src: NodeHandle, msg: Message, proven: bool, size: int) -> None:
         """Rate-limit, then answer a control request; a source that has not proven its

@@ -12,9 +12,11 @@ sent by all nodes while it ran are counted (kademlia's script counts the same wa
 maintenance traffic during a lookup is included on both sides).
 
 Our overlay runs twice: with signatures off (kademlia authenticates nothing, so that is the
-like-for-like comparison) and with Ed25519 signatures on (the default). kademlia is installed
-into a throwaway venv (default ``/tmp/flockring-kademlia-venv``), never into the project's; if
-it cannot be installed or its script is absent, the JSON says so and why.
+like-for-like comparison) and authenticated (the default: Noise sessions between peers with
+sustained traffic, Ed25519-signed datagrams otherwise); ``--signing all`` adds a third run with
+an Ed25519 signature on every datagram (sessions off), the scheme sessions replace. kademlia is
+installed into a throwaway venv (default ``/tmp/flockring-kademlia-venv``), never into the
+project's; if it cannot be installed or its script is absent, the JSON says so and why.
 """
 
 from __future__ import annotations
@@ -72,7 +74,13 @@ def _msg_kind(msg: Any) -> str:
 
 
 async def _worker(
-    n: int, lookups: int, seed: int, signing: bool, boot: int, by_type: bool = False
+    n: int,
+    lookups: int,
+    seed: int,
+    signing: bool,
+    boot: int,
+    by_type: bool = False,
+    sessions: bool = True,
 ) -> dict[str, Any]:
     import gc
     from collections import Counter
@@ -116,7 +124,14 @@ async def _worker(
         async def host(i: int, task_status: trio.TaskStatus[Node]) -> None:
             async with open_udp("udp://127.0.0.1:0", rcvbuf_bytes=1 << 20) as t:
                 # the key is made here, so that each node's identity counts in its memory
-                node = Node(t, "pastry", Identity.from_rng(rng), rng=node_rng, signing=signing)
+                node = Node(
+                    t,
+                    "pastry",
+                    Identity.from_rng(rng),
+                    rng=node_rng,
+                    signing=signing,
+                    sessions=sessions,
+                )
                 async with node:
                     task_status.started(node)
                     await node.closed_event.wait()
@@ -182,6 +197,7 @@ async def _worker(
     return {
         "impl": "flockring pastry (trio, loopback UDP)",
         "signing": signing,
+        "sessions": signing and sessions,
         "N": n,
         "lookups": lookups,
         "seed": seed,
@@ -210,8 +226,12 @@ async def _worker(
         "rss_after_boot_MiB": round(rss_boot / 1024, 1),
         "rss_per_node_KiB": round((rss_boot - rss0) / n, 1),
         "rss_per_node_end_KiB": round((rss_end - rss0) / n, 1),
-        "dropped_forged": tot("auth.forged"),
-        "dropped_replayed": tot("auth.replayed"),
+        "dropped_forged": tot("auth.forged") + tot("session.forged"),
+        "dropped_replayed": tot("auth.replayed") + tot("session.replayed"),
+        "signed_frames_accepted": tot("auth.accepted"),
+        "session_records_accepted": tot("session.accepted"),
+        "session_handshakes_per_node": round(tot("session.handshakes_started") / n, 2),
+        "sessions_held_per_node": round(tot("session.held") / n, 1),
         "dropped_malformed": tot("auth.malformed") + tot("wire.malformed"),
         "reroutes": tot("reroutes"),
         "route_dropped": tot("route_dropped"),
@@ -238,12 +258,22 @@ def _worker_main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--boot", type=int, default=3)
     ap.add_argument("--signing", choices=("on", "off"), default="on")
+    ap.add_argument("--sessions", choices=("on", "off"), default="on")
     ap.add_argument("--by-type", action="store_true", help="count bring-up datagrams by type")
     a = ap.parse_args(argv)
     import logging
 
     logging.disable(logging.WARNING)
-    res = trio.run(_worker, a.nodes, a.lookups, a.seed, a.signing == "on", a.boot, a.by_type)
+    res = trio.run(
+        _worker,
+        a.nodes,
+        a.lookups,
+        a.seed,
+        a.signing == "on",
+        a.boot,
+        a.by_type,
+        a.sessions == "on",
+    )
     print(json.dumps(res))
     return 0
 
@@ -311,10 +341,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     me = [sys.executable, "-m", "sim_adapter.bench.live", "--worker"]
     common = ["--nodes", str(args.nodes), "--lookups", str(args.lookups), "--seed", str(args.seed)]
     result: dict[str, Any] = {"bench": "live", "env": bench.environment(), "N": args.nodes}
-    modes = {"both": ["off", "on"], "on": ["on"], "off": ["off"]}[args.signing]
+    modes = {
+        "both": ["off", "on"],
+        "on": ["on"],
+        "off": ["off"],
+        "all": ["off", "on", "datagram"],
+        "datagram": ["datagram"],
+    }[args.signing]
     for m in modes:
-        key = "flockring_unsigned" if m == "off" else "flockring_signed"
-        result[key] = _run_child([*me, *common, "--signing", m], args.timeout)
+        key = {
+            "off": "flockring_unsigned",
+            "on": "flockring_signed",
+            "datagram": "flockring_signed_per_datagram",
+        }[m]
+        flags = ["--signing", "off" if m == "off" else "on"]
+        flags += ["--sessions", "off" if m == "datagram" else "on"]
+        result[key] = _run_child([*me, *common, *flags], args.timeout)
     kad: dict[str, Any]
     if args.no_kademlia:
         kad = {"available": False, "reason": "skipped (--no-kademlia)"}
@@ -392,7 +434,13 @@ def register(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--lookups", type=int, default=100, help="lookups (kademlia: as many gets)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--signing", choices=("both", "on", "off"), default="both")
+    p.add_argument(
+        "--signing",
+        choices=("both", "on", "off", "all", "datagram"),
+        default="both",
+        help="off: unsigned; on: sessions + signatures (the default node); datagram: an "
+        "Ed25519 signature on every datagram (sessions off); both: off and on; all: the three",
+    )
     p.add_argument("--no-kademlia", action="store_true", help="skip the kademlia comparison")
     p.add_argument("--kademlia-venv", default=DEFAULT_KADEMLIA_VENV, metavar="DIR")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker")
