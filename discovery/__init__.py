@@ -3,13 +3,13 @@
 * **Flock** (:mod:`discovery.announce`): TTL resource announcements, the proximity-sorted
   willing list and the Flocking Manager (Butt et al. 2006 §3.2, §4.1); the policy file
   (:mod:`discovery.policy`); pool models and the HTCondor configuration they lead to
-  (:mod:`discovery.pool`, :mod:`discovery.condor`).
+  (:mod:`discovery.pool`, :mod:`discovery.condor`: rendering and applying it).
 * **ResourceQuery** and **PoolOnDemand** (:mod:`discovery.query`, :mod:`discovery.pond`):
   First-Fit ClassAd tree queries with HTCondor's own matchmaking and Pools on Demand (PonD
   §3.1–3.2); the queue-driven :class:`PondScheduler`.
 * **Failover** (:mod:`discovery.failover`): replica-based central-manager failover on a pool
   ring (Butt et al. 2006 §3.3, §4.2).
-* :mod:`discovery.live`: the trio side on a live ``overlay.Node``.
+* :mod:`discovery.live` (a subpackage): the trio side on a live ``overlay.Node``.
 
 Every plugin is a sans-io application on the KBR API: the same object runs in the simulator
 (``sim_adapter.plugins``) and on a live node. Names are loaded on first use, so importing one
@@ -24,14 +24,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from discovery.announce import FLOCK_APP, Flock
     from discovery.classads import QuerySyntaxError
-    from discovery.condor import (
-        CondorHostApplier,
-        FlockConfigApplier,
-        apply_config,
-        render_condor_host,
-        render_flock_config,
-    )
+    from discovery.condor import CondorHostApplier, FlockConfigApplier
+    from discovery.condor_apply import apply_config
     from discovery.condor_pool import CondorPool
+    from discovery.condor_render import render_condor_host, render_flock_config
     from discovery.condor_syntax import CondorError
     from discovery.decision import FlockDecision, FlockTarget
     from discovery.failover import Failover
@@ -63,9 +59,9 @@ _LAZY = {
     "QuerySyntaxError": "discovery.classads",
     "CondorHostApplier": "discovery.condor",
     "FlockConfigApplier": "discovery.condor",
-    "apply_config": "discovery.condor",
-    "render_condor_host": "discovery.condor",
-    "render_flock_config": "discovery.condor",
+    "apply_config": "discovery.condor_apply",
+    "render_condor_host": "discovery.condor_render",
+    "render_flock_config": "discovery.condor_render",
     "CondorPool": "discovery.condor_pool",
     "CondorError": "discovery.condor_syntax",
     "FlockDecision": "discovery.decision",

@@ -26,13 +26,14 @@ on the node's overlay core (Pastry or the small-world ring):
   through the core's proximity (§4.1: "pinging the nodes on the list").
 * **Willing list** (``willing.py``): sublists in the total order (RTT rounded to a tolerance,
   more free machines first, seeded random); entries expire when the origin's offer does.
-* **Flocking Manager.** Every ``manager_period_s``: local idle jobs exceeding free local
-  machines ⇒ flocking on, targets = the willing list flattened nearest first, keeping only
-  pools with free machines that the ``flock-to`` policy and the learned blacklist admit; free
-  machines exceeding idle jobs (underused) ⇒ off; equal ⇒ unchanged (a hysteresis band, so a
-  full pool with an empty queue does not toggle HTCondor's configuration). A new
-  :class:`~discovery.decision.FlockDecision` (next ``seq``) is published only when the
-  configuration it renders (on/off and the ordered collectors) changes.
+* **Flocking Manager** (:mod:`discovery.flock_manager`, a mixin of :class:`Flock`). Every
+  ``manager_period_s``: local idle jobs exceeding free local machines ⇒ flocking on, targets =
+  the willing list flattened nearest first, keeping only pools with free machines that the
+  ``flock-to`` policy and the learned blacklist admit; free machines exceeding idle jobs
+  (underused) ⇒ off; equal ⇒ unchanged (a hysteresis band, so a full pool with an empty queue
+  does not toggle HTCondor's configuration). A new :class:`~discovery.decision.FlockDecision`
+  (next ``seq``) is published only when the configuration it renders (on/off and the ordered
+  collectors) changes.
 
 Defaults (Butt et al. 2006 §5.1.1 and §5.2.1 ran TTL 1, announcement validity 1 min and a
 Flocking Manager period of 1 min; the papers say only "periodically" for announcements — see
@@ -41,7 +42,6 @@ Flocking Manager period of 1 min; the papers say only "periodically" for announc
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -50,8 +50,9 @@ from typing import Any
 import attrs
 
 from discovery.condor_syntax import is_valid_contact
-from discovery.decision import FlockDecision, FlockTarget
+from discovery.decision import FlockDecision
 from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
+from discovery.flock_manager import FlockingManager
 from discovery.flock_messages import (
     AnnounceSigner,
     FlockAnnounce,
@@ -75,8 +76,6 @@ __all__ = [
     "IdleAwarePool",
     "PoolView",
 ]
-
-log = logging.getLogger(__name__)
 
 #: the application name a Flock registers on its core
 FLOCK_APP = "flock"
@@ -114,7 +113,7 @@ class _Origin:
             self.more[kind] = remaining
 
 
-class Flock(BaseApplication):
+class Flock(FlockingManager, BaseApplication):
     """The flock plugin on one central manager's overlay node (sans-io)."""
 
     def __init__(
@@ -205,13 +204,6 @@ class Flock(BaseApplication):
                 t.cancel()
         self._timers = [None, None]
 
-    def set_epoch(self, epoch: int) -> None:
-        """A new manager epoch (failover): decisions restart at seq 0 and the next one is
-        published even if unchanged."""
-        self.epoch = epoch
-        self._dseq = 0
-        self._republish = True
-
     def _arm(self, which: int, delay_s: float) -> None:
         fn = self._announce_tick if which == 0 else self._manager_tick
         self._timers[which] = self.runtime.call_later(delay_s, fn)
@@ -240,12 +232,6 @@ class Flock(BaseApplication):
     def willing_entries(self) -> list[WillingEntry]:
         """The willing list flattened, sublist 0 first (nearest first)."""
         return self.willing.flat(self.clock())
-
-    def blacklist(self) -> dict[str, float]:
-        """Blacklisted pools (node-id hex or collector) → seconds they stay blacklisted."""
-        now = self.runtime.now()
-        self._blacklist = {k: t for k, t in self._blacklist.items() if t > now}
-        return {k: t - now for k, t in self._blacklist.items()}
 
     # ------------------------------------------------------------------ sending side
     def _shareable_free(self) -> int:
@@ -519,88 +505,6 @@ class Flock(BaseApplication):
         now = self.clock()
         if len(self._origins) > len(self.willing) + 64:
             self._origins = {k: o for k, o in self._origins.items() if o.until > now}
-
-    # ------------------------------------------------------------------ Flocking Manager
-    def report_failure(self, pool: NodeId | str, reason: str = "") -> None:
-        """A pool accepted our jobs and then failed or evicted them: skip it for the policy's
-        ``blacklist_s`` (Butt et al. 2006 §3.2.1). ``pool`` is a node id or a collector."""
-        key = f"{int(pool):040x}" if isinstance(pool, NodeId) else str(pool).strip().lower()
-        self._blacklist[key] = self.runtime.now() + self.policy.sharing.blacklist_s
-        self.stats["blacklisted"] += 1
-        log.info(
-            "flock: blacklisted %s for %.0f s (%s)",
-            key,
-            self.policy.sharing.blacklist_s,
-            reason or "failure reported",
-        )
-        if self.decision is not None and self.decision.enabled:
-            self.decide_now()
-
-    def _is_blacklisted(self, e: WillingEntry, now: float) -> bool:
-        bl = self._blacklist
-        if not bl:
-            return False
-        for key in (f"{int(e.origin.id):040x}", e.collector.strip().lower()):
-            t = bl.get(key)
-            if t is not None and t > now:
-                return True
-        return False
-
-    def targets(self) -> tuple[FlockTarget, ...]:
-        """The ordered flock targets the willing list gives now (nearest first): pools with
-        free machines that the flock-to policy admits and that are not blacklisted."""
-        now = self.runtime.now()
-        out: list[FlockTarget] = []
-        pol = self.policy
-        cap = self.config.max_targets
-        for e in self.willing.flat(self.clock()):
-            if e.free_machines <= 0 or not e.collector or self._is_blacklisted(e, now):
-                continue
-            if not pol.may_flock_to(Peer.from_handle(e.origin, collector_host(e.collector))):
-                continue
-            out.append(
-                FlockTarget(
-                    f"{int(e.origin.id):040x}",
-                    e.collector,
-                    e.pool_name,
-                    e.rtt_s,
-                    e.free_machines,
-                    e.row,
-                )
-            )
-            if cap is not None and len(out) >= cap:
-                break
-        return tuple(out)
-
-    def decide_now(self) -> FlockDecision:
-        """One Flocking Manager pass; returns the current decision (published if changed)."""
-        idle = int(self.pool.idle_jobs)
-        free = int(self.pool.free_machines)
-        prev = self.decision
-        if idle > free:
-            enabled = True
-        elif free > idle:
-            enabled = False
-        else:  # neither overloaded nor underused: keep the current state
-            enabled = prev.enabled if prev is not None else False
-        targets = self.targets() if enabled else ()
-        same = (
-            prev is not None
-            and not self._republish
-            and prev.enabled == enabled
-            and [(t.node_id, t.collector) for t in prev.targets]
-            == [(t.node_id, t.collector) for t in targets]
-        )
-        if same and prev is not None:
-            return prev
-        self._dseq += 1
-        self._republish = False
-        d = FlockDecision(enabled, targets, self.runtime.now(), self.epoch, self._dseq)
-        self.decision = d
-        self.stats["decisions"] += 1
-        if self.on_decision is not None:
-            self.on_decision(d)
-        return d
 
     # ------------------------------------------------------------------ KBR upcalls
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:

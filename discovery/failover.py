@@ -44,11 +44,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from discovery.failover_config import (
-    ApplyCondorHost,
     FailoverConfig,
     FailoverError,
     ManagerChange,
-    ManagerChangeHook,
     NotManagerError,
     StateTooLargeError,
 )
@@ -59,7 +57,6 @@ from discovery.failover_messages import (
     Handoff,
     ManagerMissing,
     PreemptRequest,
-    Signer,
     StateAck,
     StatePush,
     StateStamp,
@@ -91,35 +88,12 @@ _MAX_NEXT_IN_S = 3600.0
 class Failover(ManagerMixin):
     """faultD on one node of a pool ring. Create it with :func:`attach`, then :meth:`start`."""
 
-    def __init__(
-        self,
-        core: KbrCore,
-        config: FailoverConfig | None = None,
-        *,
-        pool_key: NodeId | None = None,
-        original: bool = False,
-        signer: Signer | None = None,
-        require_signatures: bool | None = None,
-        on_manager_change: ManagerChangeHook | None = None,
-        apply_condor_host: ApplyCondorHost | None = None,
-        initial_state: bytes = b"",
-    ) -> None:
-        super().__init__(
-            core,
-            config,
-            pool_key=pool_key,
-            original=original,
-            signer=signer,
-            require_signatures=require_signatures,
-            on_manager_change=on_manager_change,
-            apply_condor_host=apply_condor_host,
-            initial_state=initial_state,
-        )
-        if len(initial_state) > self.config.max_state_bytes:
-            raise StateTooLargeError("initial_state exceeds max_state_bytes")
-        self._started = False
+    # The constructor is FailoverBase's (its keyword arguments are documented on :func:`attach`).
+
+    def _action_table(self) -> dict[Action, Callable[[Any], None]]:
+        """The method each :class:`~discovery.failover_roles.Action` runs."""
         A = Action
-        self._actions = {
+        return {
             A.NONE: lambda _c: None,
             A.START_BOOTSTRAP: self.act_start_bootstrap,
             A.START_TAKEOVER: self.act_start_takeover,

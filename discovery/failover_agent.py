@@ -252,13 +252,18 @@ class PoolAgent:
         self._arm("ad_retry", self.config.update_retry_s, self._retry_ad)
 
     def _retry_ad(self) -> None:
-        self._timers.pop("ad_retry", None)
-        if self._tries["ad"] >= self.config.update_retries:
-            self.stats["ad_unacked"] += 1
+        self._retry("ad", "ads_retried", self.send_ad)
+
+    def _retry(self, kind: str, retried_stat: str, resend: Callable[..., None]) -> None:
+        """The ``{kind}_retry`` timer fired unacknowledged (``kind`` is ``"ad"`` or
+        ``"requests"``): send again with ``resend(retry=True)`` unless out of tries."""
+        self._timers.pop(f"{kind}_retry", None)
+        if self._tries[kind] >= self.config.update_retries:
+            self.stats[f"{kind}_unacked"] += 1
             return
-        self._tries["ad"] += 1
-        self.stats["ads_retried"] += 1
-        self.send_ad(retry=True)
+        self._tries[kind] += 1
+        self.stats[retried_stat] += 1
+        resend(retry=True)
 
     def _on_update_ack(self, src: NodeHandle, m: UpdateAck) -> None:
         mgr = self.manager
@@ -369,13 +374,7 @@ class PoolAgent:
         self._arm("requests_retry", self.config.update_retry_s, self._retry_requests)
 
     def _retry_requests(self) -> None:
-        self._timers.pop("requests_retry", None)
-        if self._tries["requests"] >= self.config.update_retries:
-            self.stats["requests_unacked"] += 1
-            return
-        self._tries["requests"] += 1
-        self.stats["requests_retried"] += 1
-        self.send_requests(retry=True)
+        self._retry("requests", "requests_retried", self.send_requests)
 
     def _tick_requests(self) -> None:
         if self.jobs:

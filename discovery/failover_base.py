@@ -21,6 +21,7 @@ from discovery.failover_config import (
     FailoverConfig,
     ManagerChange,
     ManagerChangeHook,
+    StateTooLargeError,
 )
 from discovery.failover_messages import (
     Alive,
@@ -70,6 +71,8 @@ class FailoverBase(BaseApplication):
     ) -> None:
         self.core = core
         self.config = config if config is not None else FailoverConfig()
+        if len(initial_state) > self.config.max_state_bytes:
+            raise StateTooLargeError("initial_state exceeds max_state_bytes")
         self.original = original
         #: the pool key: the original manager's id, known to every resource (Butt §3.3)
         self.pool: NodeId | None = core.id if (original and pool_key is None) else pool_key
@@ -103,7 +106,13 @@ class FailoverBase(BaseApplication):
         self._timers: dict[str, Timer] = {}
         self._applied_host: NodeHandle | None = None
         self._told: dict[NodeId, float] = {}
-        self._actions: dict[Action, Callable[[Any], None]] = {}
+        self._started = False
+        self._actions: dict[Action, Callable[[Any], None]] = self._action_table()
+
+    def _action_table(self) -> dict[Action, Callable[[Any], None]]:
+        """The method each :class:`~discovery.failover_roles.Action` runs (the
+        :class:`Failover` class provides it)."""
+        raise NotImplementedError  # pragma: no cover - the Failover class provides it
 
     # ------------------------------------------------------------ small utilities
     @property

@@ -114,6 +114,7 @@ def test_cli_writes_outputs(tmp_path: Path) -> None:
         seeds=2,
         seed=1,
         workers=1,
+        dask=None,
         json=True,
         out=str(tmp_path),
         cycle_s=60.0,

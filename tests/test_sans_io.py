@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Drivers that may do I/O (docs/design.md): the trio driver package, the in-memory test swarm
 # and the plugins' trio wrappers. Everything else under ``overlay/`` and ``discovery/`` is a core.
-DRIVER_DIRS = (ROOT / "overlay" / "live",)
-DRIVER_FILES = (ROOT / "overlay" / "testing.py", ROOT / "discovery" / "live.py")
+DRIVER_DIRS = (ROOT / "overlay" / "live", ROOT / "discovery" / "live")
+DRIVER_FILES = (ROOT / "overlay" / "testing.py",)
 FORBIDDEN_MODULES = {"trio", "socket", "time", "asyncio", "selectors", "threading"}
 
 

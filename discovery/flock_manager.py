@@ -1,0 +1,149 @@
+"""The Flocking Manager of a self-organizing flock: when to flock, and to whom (Butt et al.
+2006 §3.2.1, §4.1).
+
+Theory of operation: see :mod:`discovery.announce`, whose :class:`~discovery.announce.Flock`
+this mixin completes. The Information Gatherer there fills the willing list; the Flocking
+Manager reads it. Every ``manager_period_s``: local idle jobs exceeding free local machines ⇒
+flocking on, targets = the willing list flattened nearest first, keeping only pools with free
+machines that the ``flock-to`` policy and the learned blacklist admit; free machines exceeding
+idle jobs (underused) ⇒ off; equal ⇒ unchanged (a hysteresis band, so a full pool with an empty
+queue does not toggle HTCondor's configuration). A new
+:class:`~discovery.decision.FlockDecision` (next ``seq``) is published only when the
+configuration it renders (on/off and the ordered collectors) changes.
+
+Pools that accepted our jobs and then failed or evicted them are blacklisted for the policy's
+``blacklist_s`` (§3.2.1) and skipped until then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from discovery.decision import FlockDecision, FlockTarget
+from discovery.flock_config import FlockConfig, PoolView
+from discovery.policy import Peer, Policy, collector_host
+from discovery.willing import WillingEntry, WillingList
+from overlay.ids import NodeId
+from overlay.runtime import Runtime
+
+__all__ = ["FlockingManager"]
+
+# the flock's one logger, as before the Flocking Manager had its own module
+log = logging.getLogger("discovery.announce")
+
+
+class FlockingManager:
+    """The Flocking Manager half of :class:`~discovery.announce.Flock` (which sets every
+    attribute declared here)."""
+
+    runtime: Runtime
+    config: FlockConfig
+    pool: PoolView
+    policy: Policy
+    willing: WillingList
+    clock: Callable[[], float]
+    on_decision: Callable[[FlockDecision], object] | None
+    stats: Counter[str]
+    #: the newest decision published (None: none yet)
+    decision: FlockDecision | None
+    #: the manager epoch decisions are numbered in (see :meth:`set_epoch`)
+    epoch: int
+    _dseq: int
+    _republish: bool
+    _blacklist: dict[str, float]
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new manager epoch (failover): decisions restart at seq 0 and the next one is
+        published even if unchanged."""
+        self.epoch = epoch
+        self._dseq = 0
+        self._republish = True
+
+    def blacklist(self) -> dict[str, float]:
+        """Blacklisted pools (node-id hex or collector) → seconds they stay blacklisted."""
+        now = self.runtime.now()
+        self._blacklist = {k: t for k, t in self._blacklist.items() if t > now}
+        return {k: t - now for k, t in self._blacklist.items()}
+
+    def report_failure(self, pool: NodeId | str, reason: str = "") -> None:
+        """A pool accepted our jobs and then failed or evicted them: skip it for the policy's
+        ``blacklist_s`` (Butt et al. 2006 §3.2.1). ``pool`` is a node id or a collector."""
+        key = f"{int(pool):040x}" if isinstance(pool, NodeId) else str(pool).strip().lower()
+        self._blacklist[key] = self.runtime.now() + self.policy.sharing.blacklist_s
+        self.stats["blacklisted"] += 1
+        log.info(
+            "flock: blacklisted %s for %.0f s (%s)",
+            key,
+            self.policy.sharing.blacklist_s,
+            reason or "failure reported",
+        )
+        if self.decision is not None and self.decision.enabled:
+            self.decide_now()
+
+    def _is_blacklisted(self, e: WillingEntry, now: float) -> bool:
+        bl = self._blacklist
+        if not bl:
+            return False
+        for key in (f"{int(e.origin.id):040x}", e.collector.strip().lower()):
+            t = bl.get(key)
+            if t is not None and t > now:
+                return True
+        return False
+
+    def targets(self) -> tuple[FlockTarget, ...]:
+        """The ordered flock targets the willing list gives now (nearest first): pools with
+        free machines that the flock-to policy admits and that are not blacklisted."""
+        now = self.runtime.now()
+        out: list[FlockTarget] = []
+        pol = self.policy
+        cap = self.config.max_targets
+        for e in self.willing.flat(self.clock()):
+            if e.free_machines <= 0 or not e.collector or self._is_blacklisted(e, now):
+                continue
+            if not pol.may_flock_to(Peer.from_handle(e.origin, collector_host(e.collector))):
+                continue
+            out.append(
+                FlockTarget(
+                    f"{int(e.origin.id):040x}",
+                    e.collector,
+                    e.pool_name,
+                    e.rtt_s,
+                    e.free_machines,
+                    e.row,
+                )
+            )
+            if cap is not None and len(out) >= cap:
+                break
+        return tuple(out)
+
+    def decide_now(self) -> FlockDecision:
+        """One Flocking Manager pass; returns the current decision (published if changed)."""
+        idle = int(self.pool.idle_jobs)
+        free = int(self.pool.free_machines)
+        prev = self.decision
+        if idle > free:
+            enabled = True
+        elif free > idle:
+            enabled = False
+        else:  # neither overloaded nor underused: keep the current state
+            enabled = prev.enabled if prev is not None else False
+        targets = self.targets() if enabled else ()
+        same = (
+            prev is not None
+            and not self._republish
+            and prev.enabled == enabled
+            and [(t.node_id, t.collector) for t in prev.targets]
+            == [(t.node_id, t.collector) for t in targets]
+        )
+        if same and prev is not None:
+            return prev
+        self._dseq += 1
+        self._republish = False
+        d = FlockDecision(enabled, targets, self.runtime.now(), self.epoch, self._dseq)
+        self.decision = d
+        self.stats["decisions"] += 1
+        if self.on_decision is not None:
+            self.on_decision(d)
+        return d
