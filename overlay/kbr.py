@@ -12,8 +12,16 @@ Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
   :class:`RouteMsg` is acked by the next hop; an unacked hop is retransmitted ``hop_retries``
   times with RTO back-off, then the next hop is *suspected* (which starts a liveness probe),
   excluded, and the message is rerouted through the overlay's next-best choice. Reroutes are
-  bounded; a message that exhausts them is dropped and counted, never lost silently. Duplicates
-  (a lost ack makes the previous hop resend) are acked again but not processed twice.
+  bounded; a message that exhausts them is dropped and counted, never lost silently.
+* **Duplicates and loops.** Each node remembers, per (origin, msg_id), the hop count at which it
+  last handled a message and the next hops it chose. A copy with no more hops than that is a
+  duplicate (a lost ack made the previous hop resend): acked again, not processed twice. A copy
+  with *more* hops came back round a routing loop (tables inconsistent during churn): it is
+  counted (``route_loops``) and routed again, avoiding the next hops this node already tried,
+  so each pass round the loop takes another way out (or, with none left, ends here: every
+  closer node it knows led back to it); ``max_hops`` bounds the whole walk. The node that
+  delivered a message remembers that too, so delivery stays at most once however many copies
+  arrive.
 * An overlay subclass supplies the routing state: :meth:`KbrCore.next_hop` (``None`` = this node
   is responsible), the neighbour queries and the join/maintenance protocol.
 """
@@ -124,7 +132,7 @@ class KbrConfig:
     hop_retries: int = 2
     #: alternative next hops tried after suspicion before the message is dropped and counted.
     max_reroutes: int = 6
-    #: remembered (origin, msg_id) pairs, for duplicate suppression.
+    #: remembered (origin, msg_id) pairs, for duplicate suppression and loop detection.
     dedupe_window: int = 1024
     #: safety net against routing loops (inconsistent state during churn): a message that has
     #: taken more hops is dropped and counted as ``ttl_expired``. Pastry needs ~log16 N hops and
@@ -146,6 +154,13 @@ class _Hop:
 
 
 Handler = Callable[[NodeHandle, Any], None]
+
+#: what a node remembers of a routed message: the hop count at which it last handled it, then
+#: the next hops it forwarded it to (oldest first); ``(_DELIVERED,)`` once delivered here.
+_Seen = tuple[Any, ...]
+_DELIVERED = -1
+#: next hops remembered per message (a loop that outlasts this many exits reuses the last ones)
+_MAX_TRIED = 8
 
 
 # ---------------------------------------------------------------------- the core base
@@ -177,7 +192,7 @@ class KbrCore(abc.ABC):
             on_alive=self._on_peer_alive,
         )
         self._pending: dict[int, _Hop] = {}
-        self._seen: OrderedDict[tuple[int, int], None] | None = None  # allocated on first use
+        self._seen: OrderedDict[tuple[int, int], _Seen] | None = None  # allocated on first use
         self._extra_handlers: dict[type[Message], Handler] | None = None
 
     # Dispatch lives on the class, not the instance: at 10^6 simulated nodes a per-node dict of
@@ -339,7 +354,7 @@ class KbrCore(abc.ABC):
         if not isinstance(key, NodeId):
             raise OverlayError(f"route() key must be a NodeId, got {type(key).__name__}")
         msg = RouteMsg(key, app, payload, self.handle, self.runtime.rng.getrandbits(62), 0)
-        self._mark_seen(msg)
+        self._visit(msg)
         self._step(msg, None, hint)
 
     def send_direct(self, dst: NodeHandle, app: str, payload: Any) -> None:
@@ -377,18 +392,43 @@ class KbrCore(abc.ABC):
         return self.prox.rtt(handle)
 
     # ------------------------------------------------------------ routing engine
-    def _mark_seen(self, msg: RouteMsg) -> bool:
-        """Remember (origin, msg_id); True if it was already there (a duplicate)."""
+    def _visit(self, msg: RouteMsg) -> tuple[NodeHandle, ...] | None:
+        """Record that ``msg`` is being handled here at its hop count.
+
+        Returns None for a duplicate (already delivered here, or handled at as many hops or
+        more: a retransmission), else the next hops already tried for it (empty on a first
+        visit; not empty when it came back round a loop).
+        """
         k = (msg.origin.id, msg.msg_id)
         seen = self._seen
         if seen is None:
             seen = self._seen = OrderedDict()
-        if k in seen:
-            return True
-        seen[k] = None
-        if len(seen) > self.kbr_config.dedupe_window:
-            seen.popitem(last=False)
-        return False
+        prev = seen.get(k)
+        if prev is None:
+            seen[k] = (msg.hops,)
+            if len(seen) > self.kbr_config.dedupe_window:
+                seen.popitem(last=False)
+            return ()
+        if prev[0] == _DELIVERED or msg.hops <= prev[0]:
+            return None
+        seen[k] = (msg.hops, *prev[1:])
+        seen.move_to_end(k)
+        return prev[1:]
+
+    def _record(self, msg: RouteMsg, nh: NodeHandle | None) -> None:
+        """Remember the next hop ``msg`` left by (None: it was delivered here)."""
+        seen = self._seen
+        if seen is None:
+            return
+        k = (msg.origin.id, msg.msg_id)
+        prev = seen.get(k)
+        if prev is None:
+            return  # aged out of the window meanwhile: nothing to add to
+        if nh is None:
+            seen[k] = (_DELIVERED,)
+        elif nh not in prev[1:]:
+            tried = prev[1:] if len(prev) <= _MAX_TRIED else prev[2:]
+            seen[k] = (prev[0], *tried, nh)
 
     def _step(
         self,
@@ -407,6 +447,7 @@ class KbrCore(abc.ABC):
             self.stats["dropped_unknown_app"] += 1
             return
         if nh is None:
+            self._record(msg, None)
             self.stats["delivered"] += 1
             app.deliver(msg.key, msg.payload, msg.origin)
             return
@@ -415,9 +456,11 @@ class KbrCore(abc.ABC):
             self.stats["stopped_by_app"] += 1
             return
         if nh2 == self.handle:
+            self._record(msg, None)
             self.stats["delivered"] += 1
             app.deliver(msg.key, msg.payload, msg.origin)
             return
+        self._record(msg, nh2)
         out = RouteMsg(msg.key, msg.app, msg.payload, msg.origin, msg.msg_id, msg.hops + 1)
         self.stats["forwarded"] += 1
         if not self.kbr_config.hop_acks:
@@ -473,14 +516,22 @@ class KbrCore(abc.ABC):
     def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
         if self.kbr_config.hop_acks and src != self.handle:
             self.runtime.send(src, RouteAck(msg.msg_id))
-        if self._mark_seen(msg):
+        tried = self._visit(msg)
+        if tried is None:
             self.stats["duplicates"] += 1
             return
         self._learn(src)
         if msg.hops > self.kbr_config.max_hops:
             self.stats["ttl_expired"] += 1
             return
-        self._step(msg, None)
+        if not tried:
+            self._step(msg, None)
+            return
+        # Back round a loop: leave by a next hop not tried yet. When every closer node this node
+        # knows has been tried and led back here, this node is the closest one reachable and
+        # delivers (as when every closer node is suspected); max_hops bounds the whole walk.
+        self.stats["route_loops"] += 1
+        self._step(msg, set(tried))
 
     def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:
         if msg.origin.id != src.id:

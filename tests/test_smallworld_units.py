@@ -184,15 +184,20 @@ def test_in_range_is_clockwise_from_owner() -> None:
 # --------------------------------------------------------------------------- config, wire
 def test_config_validation_and_defaults() -> None:
     cfg = SmallWorldConfig()
-    assert cfg.near_per_side == 2 and cfg.idle_ping_s == 15.0 and cfg.near_window == 4
+    assert cfg.near_per_side == 2 and cfg.near_window == 4
+    # a live near neighbour's periodic list always arrives before its idle ping would be due
+    assert cfg.idle_ping_s > cfg.near_exchange_s
+    assert cfg.shortcut_idle_ping_s >= cfg.idle_ping_s
     with pytest.raises(ConfigError):
         SmallWorldConfig(near_per_side=0)
     with pytest.raises(ConfigError):
         SmallWorldConfig(idle_ping_s=0)
     with pytest.raises(ConfigError):
+        SmallWorldConfig(near_exchange_s=-1.0)
+    with pytest.raises(ConfigError):
         SmallWorldConfig(shortcut_factor=-1)
     with pytest.raises(ConfigError):
-        SmallWorldConfig(maintenance_interval_s=True)  # type: ignore[arg-type]
+        SmallWorldConfig(maintenance_interval_s=True)
 
 
 def test_messages_round_trip_through_the_codec() -> None:
@@ -353,7 +358,9 @@ def test_crashed_near_neighbours_are_detected_and_replaced() -> None:
     near_victims = {id(c): len(gone & set(c.near_connections())) for c in net.cores}
     lost0 = {id(c): c.stats["connections_lost"] for c in net.cores}
     for v in victims:
-        net.dead.add(v.handle.address)
+        addr = v.handle.address
+        assert isinstance(addr, int)
+        net.dead.add(addr)
         v.stop()
     net.run(90.0)
     live = [c for c in net.cores if c.handle.address not in net.dead]
@@ -419,9 +426,50 @@ def test_an_isolated_node_rejoins_through_its_seed() -> None:
     net.grow(6)
     net.run(20.0)
     b = net.cores[3]
-    for h in list(b.known_nodes()):  # as if every connection had been declared DEAD
+    for h in list(b.known_nodes()):  # as if every connection had been declared DEAD, both ways
         b.table.remove(h)
+        addr = h.address
+        assert isinstance(addr, int)
+        net.cores[addr].table.remove(b.handle)
     assert len(b.table) == 0
     net.run(30.0)
     assert b.stats["rejoins"] >= 1
     assert {h.id for h in b.near_connections()} == _true_near(net.cores, b)
+
+
+def test_a_node_that_lost_its_table_is_taken_back_by_its_neighbours_lists() -> None:
+    net = MiniNet(seed=21)
+    net.grow(6)
+    net.run(20.0)
+    b = net.cores[3]
+    assert b._timer is not None
+    b._timer.cancel()  # b's own maintenance is off: it cannot rejoin nor walk
+    for h in list(b.known_nodes()):  # b forgot everyone; they still hold b as a near neighbour
+        b.table.remove(h)
+    net.run(30.0)  # one near-list exchange period and a bit
+    assert b.stats["rejoins"] == 0
+    assert {h.id for h in b.near_connections()} == _true_near(net.cores, b)
+
+
+def test_an_island_cut_off_by_failures_asks_its_seeds_and_rejoins_the_ring() -> None:
+    """Two neighbours whose every other link failed at once know only each other: no exchange
+    or walk can leave that island, so a node left with fewer live links than a window rejoins."""
+    net = MiniNet(seed=23)
+    net.grow(12)
+    net.run(30.0)
+    b, c = sorted(net.cores, key=lambda x: x.id)[4:6]
+    for x in (b, c):  # cut both off from everyone but each other, as if all else had failed
+        for h in list(x.known_nodes()):
+            if h not in (b.handle, c.handle):
+                x.table.remove(h)
+                addr = h.address
+                assert isinstance(addr, int)
+                net.cores[addr].table.remove(x.handle)
+    x_last = next(h for h in net.cores if h not in (b, c)).handle
+    b.table.add(x_last)  # one more link of b's, about to be found dead
+    b.prox.declare_dead(x_last)
+    assert b.known_nodes() == [c.handle]
+    net.run(30.0)
+    assert b.stats["rejoins"] == 1
+    for x in net.cores:
+        assert {h.id for h in x.near_connections()} == _true_near(net.cores, x)

@@ -18,10 +18,14 @@ Brunet's StructuredNode with its near and shortcut connection overlords):
   target *other than the requester*. A join routes one to the joiner's own id (``join.py``);
   a shortcut routes one to a Kleinberg-drawn target; near repair walks neighbour-of-neighbour
   queries and falls back to routing one to its own id (``maintenance.py``).
-* **Maintenance** (``maintenance.py``) runs on one timer per node: trim surplus connections,
-  repair near connections, top up / trim shortcuts, ping idle connections every 15 s.
-  Failures come from the proximity failure detector (ALIVE → SUSPECTED → DEAD) through
-  :meth:`_on_peer_dead`.
+* **Stabilization** (``exchange.py``): every node sends its near window to its near neighbours
+  whenever it changes and every 20 s; they link what they were missing and answer with what
+  the sender is missing. This is what makes concurrent joins converge, and the lists are the
+  keep-alive of near connections.
+* **Maintenance** (``maintenance.py``) runs on one timer per node: top up / trim shortcuts,
+  the periodic near-list round, ping connections that stayed silent (near 25 s, shortcuts 75 s),
+  a repair walk every 300 s as a safety net. Failures come from the proximity failure detector
+  (ALIVE → SUSPECTED → DEAD) through :meth:`_on_peer_dead`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from overlay.handle import Address, NodeHandle
 from overlay.ids import HALF_RING, RING, NodeId
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.runtime import Runtime, Timer
+from overlay.smallworld import exchange as _xch
 from overlay.smallworld import join as _join
 from overlay.smallworld import maintenance as _mnt
 from overlay.smallworld.config import SmallWorldConfig
@@ -52,34 +57,23 @@ from overlay.smallworld.messages import (
     JoinRequest,
     Link,
     LinkAck,
+    NearList,
     NearQuery,
     NearReply,
     Unlink,
 )
 from overlay.smallworld.state import JoinState
+from overlay.smallworld.validate import (
+    MalformedInput,
+    check_handle,
+    check_int,
+    check_time,
+)
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_CONFIG = SmallWorldConfig()
 _NO_SEEDS: tuple[Address, ...] = ()
-
-
-class MalformedInput(ValueError):
-    """Raised inside a handler on hostile/broken input; the KBR base drops and counts it."""
-
-
-def check_handle(h: object) -> NodeHandle:
-    """Return ``h`` if it is a NodeHandle with a NodeId, else raise MalformedInput."""
-    if not isinstance(h, NodeHandle) or not isinstance(h.id, NodeId):
-        raise MalformedInput(f"not a NodeHandle: {type(h).__name__}")
-    return h
-
-
-def check_int(x: object) -> int:
-    """Return ``x`` if it is an int (not a bool), else raise MalformedInput."""
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise MalformedInput(f"not an int: {type(x).__name__}")
-    return x
 
 
 class _LinkApp:
@@ -131,6 +125,14 @@ class SmallWorldCore(KbrCore):
         self.shortcut_deadline = 0.0
         self.started_at = runtime.now()
         self.next_stabilize = 0.0
+        self.next_exchange = 0.0
+        #: hearsay near candidates sent a Link, awaiting its LinkAck (created on first use)
+        self.proposed: dict[NodeHandle, tuple[int, float]] | None = None
+        #: last NearList stamp of each connection and when it came (created on first use)
+        self.list_stamps: dict[NodeHandle, tuple[float, float]] | None = None
+        #: pending push of a changed near window, and who left the window meanwhile
+        self._push_timer: Timer | None = None
+        self._push_extra: set[NodeHandle] | None = None
         #: tokens of our own shortcut requests still awaiting a reply (created on first use:
         #: a 10^6-node ring pays nothing for it until maintenance runs)
         self.shortcut_tokens: set[int] | None = None
@@ -146,6 +148,7 @@ class SmallWorldCore(KbrCore):
         self.add_handler(Unlink, self._on_unlink)
         self.add_handler(NearQuery, self._on_near_query)
         self.add_handler(NearReply, self._on_near_reply)
+        self.add_handler(NearList, self._on_near_list)
         type(self)._sw_handlers_installed = True
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,7 +158,11 @@ class SmallWorldCore(KbrCore):
             return
         now = self.started_at = self.runtime.now()
         rng = self.runtime.rng
-        self.next_stabilize = now + self.config.stabilize_interval_s * rng.random()
+        # one draw places both periodic rounds (nodes are desynchronised from each other; a
+        # node's two rounds need not be), so starting a node costs the shared rng two draws
+        phase = rng.random()
+        self.next_stabilize = now + self.config.stabilize_interval_s * phase
+        self.next_exchange = now + self.config.near_exchange_s * phase
         first = self.config.maintenance_interval_s * (0.5 + rng.random())
         self._timer = self.runtime.call_later(first, self._tick)
 
@@ -165,6 +172,12 @@ class SmallWorldCore(KbrCore):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._push_timer is not None:
+            self._push_timer.cancel()
+            self._push_timer = None
+        self._push_extra = None
+        self.proposed = None
+        self.list_stamps = None
         if self.join_state is not None:
             _join.cancel(self)
 
@@ -297,6 +310,7 @@ class SmallWorldCore(KbrCore):
             _mnt.repair_near(self)
         if was_out and self.ready:
             _mnt.check_shortcuts(self)
+        _mnt.check_isolated(self)
 
     def _on_peer_alive(self, h: NodeHandle) -> None:
         """A peer we had given up on spoke again: take it back if it is a near neighbour."""
@@ -313,20 +327,49 @@ class SmallWorldCore(KbrCore):
         apps = self.apps
         return bool(apps) and not (len(apps) == 1 and LINK_APP in apps)
 
-    def _near_snapshot(self) -> tuple[NodeHandle, ...] | None:
-        return self.table.near_nodes() if self._has_user_apps() else None
+    def _near_snapshot(self) -> tuple[NodeHandle, ...]:
+        return self.table.near_nodes()
 
-    def _near_changed(self, before: tuple[NodeHandle, ...] | None) -> None:
-        """Send KBR ``update`` upcalls for near-window changes since ``before``."""
-        if before is None:
-            return
+    def _near_changed(self, before: tuple[NodeHandle, ...]) -> None:
+        """React to near-window changes since ``before``: KBR ``update`` upcalls, and a push of
+        the new window to the near neighbours (and to those that left it, if alive: they learn
+        who displaced them)."""
         after = self.table.near_nodes()
-        for h in before:
-            if h not in after:
+        if after == before:
+            return
+        gone = [h for h in before if h not in after]
+        new = [h for h in after if h not in before]
+        if self._has_user_apps():
+            for h in gone:
                 self.notify_update(h, False)
-        for h in after:
-            if h not in before:
+            for h in new:
                 self.notify_update(h, True)
+        if self.ready:
+            _xch.probe_stale(self, new)
+        self._schedule_push(gone)
+
+    def _schedule_push(self, gone: Sequence[NodeHandle]) -> None:
+        if self.stopped:
+            return
+        bad = self.prox.bad
+        extra = [h for h in gone if h not in bad]
+        if extra:
+            if self._push_extra is None:
+                self._push_extra = set()
+            self._push_extra.update(extra)
+        if self._push_timer is None:
+            self._push_timer = self.runtime.call_later(
+                self.config.near_push_delay_s, self._push_window
+            )
+
+    def _push_window(self) -> None:
+        self._push_timer = None
+        extra = self._push_extra
+        self._push_extra = None
+        if self.stopped:
+            return
+        self.stats["near_pushes"] += 1
+        _xch.push_near(self, extra)
 
     def link(self, h: NodeHandle, kind: int, token: int = 0) -> bool:
         """Add ``h`` as a connection, tell it (Link), trim what it pushed out. False if known."""
@@ -505,8 +548,25 @@ class SmallWorldCore(KbrCore):
 
     def _on_link_ack(self, src: NodeHandle, m: LinkAck) -> None:
         token = check_int(m.token)
-        if self.join_state is not None:
+        if _xch.take_proposal(self, src, token):
+            self._adopt(src)
+        elif self.join_state is not None:
             _join.on_link_ack(self, src, token)
+
+    def _adopt(self, h: NodeHandle) -> None:
+        """A proposed candidate acknowledged our Link (so it holds us): keep it if it still
+        belongs in the near window, else tell it we do not."""
+        t = self.table
+        if h in t:
+            return
+        if h in self.prox.bad or not t.fits_near(h.id):
+            self.runtime.send(h, Unlink(NEAR))
+            return
+        before = self._near_snapshot()
+        t.add(h)
+        self.stats["links_made"] += 1
+        self.trim_near()
+        self._near_changed(before)
 
     def _on_unlink(self, src: NodeHandle, m: Unlink) -> None:
         if m.kind not in KINDS:
@@ -536,7 +596,21 @@ class SmallWorldCore(KbrCore):
     def _on_near_reply(self, src: NodeHandle, m: NearReply) -> None:
         check_int(m.hop)
         nodes = self._check_reply_nodes(m.nodes)
-        self.consider_near((src, *nodes))
+        self.consider_near((src,))  # the sender itself is authenticated; the rest is hearsay
+        _xch.propose(self, nodes)
+
+    def _on_near_list(self, src: NodeHandle, m: NearList) -> None:
+        nodes = self._check_reply_nodes(m.nodes)
+        if not isinstance(m.ask, bool):
+            raise MalformedInput("NearList.ask is not a bool")
+        if src.id == self.id:
+            raise MalformedInput("near list from our own id")
+        stamp, echo, held = check_time(m.stamp), check_time(m.echo), check_time(m.held)
+        if not self.ready:
+            # A join owns the table until it ends: only acknowledged links may make it succeed
+            # (join.py). The node pushes its window asking for news the moment it is ready.
+            return
+        _xch.on_list(self, src, nodes, m.ask, stamp, echo, held)
 
 
 def _rd(a: int, b: int) -> int:

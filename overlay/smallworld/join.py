@@ -22,8 +22,11 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
   the candidates cannot reach us, as when we advertise an address that is not ours — the
   attempt failed: the silent candidates are dropped and the next seed is asked; when the
   retries are exhausted the join fails. A node with no link to show for it is not part of the
-  ring and must not say "ready". Shortcuts are created right after, as in Brunet where the
-  shortcut overlord starts once the node is connected.
+  ring and must not say "ready". Near lists that reach a joining node are ignored (only
+  acknowledged links count); once ready, the node sends its window to its new neighbours,
+  asking for the nodes it still misses — other nodes that joined into the same gap at the
+  same time, which the JOIN reply could not know (exchange.py). Shortcuts are created
+  right after, as in Brunet where the shortcut overlord starts once the node is connected.
 * An empty seed list starts a new ring: ready at once.
 """
 
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
-from overlay.smallworld import maintenance
+from overlay.smallworld import exchange, maintenance
 from overlay.smallworld.messages import NEAR, JoinRequest
 from overlay.smallworld.state import JoinState, SmallWorldHost
 
@@ -176,6 +179,7 @@ def _finish(core: SmallWorldHost, ok: bool) -> None:
         was_ready = core.ready
         core.ready = True
         core.stats["joined"] += 1
+        exchange.push_near(core)  # ask the new neighbours for the nodes we still miss
         maintenance.check_shortcuts(core)
         if was_ready:
             return

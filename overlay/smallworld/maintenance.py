@@ -9,12 +9,23 @@ Every ``maintenance_interval_s`` a ready node
    shortcuts inside the near window do not count. Each missing one is a ConnectRequest routed
    to ``me ± d`` with d drawn log-uniformly (P(d) ∝ 1/d) on [2^160/N̂, 2^160]. An attempt that
    lands in the near window is wasted and redrawn on a later tick. More than
-   ``wanted + shortcut_slack`` own shortcuts → random ones are dropped (Unlink);
-2. **pings idle connections**: any connection not heard from for ``idle_ping_s`` (15 s) gets a
-   proximity probe; no answer after the RFC 6298 retries → DEAD → the core drops it, repairs
-   its near window at once and replaces a lost shortcut;
-3. **stabilizes** every ``stabilize_interval_s``: a NearQuery walk on each side (Chord-style
-   stabilization: catches nodes that joined next to us while their Link was lost).
+   ``wanted + shortcut_slack`` own shortcuts → the suspected and longest-silent are dropped
+   (Unlink);
+2. **exchanges near lists** every ``near_exchange_s`` (20 s): its near window goes to each near
+   neighbour, which links what it was missing and answers with what we are missing
+   (:mod:`overlay.smallworld.exchange`: what makes concurrent joins converge, and the
+   keep-alive of near connections);
+3. **pings idle connections**: a near connection not heard from for ``idle_ping_s`` (25 s: a
+   live neighbour's periodic list arrives first) or a shortcut silent for
+   ``shortcut_idle_ping_s`` (75 s) gets a proximity probe; no answer after the RFC 6298
+   retries → DEAD → the core drops it, repairs its near window at once and replaces a lost
+   shortcut. Any message from a peer (lists, routed traffic, acks) counts as hearing it;
+4. **stabilizes** every ``stabilize_interval_s`` (300 s): a NearQuery walk on each side, a
+   safety net under the exchange.
+
+A node left with fewer live connections than a near window after losing some rejoins through
+its seeds (:func:`check_isolated`): an island cut off by a mass failure cannot be found by
+exchanges or walks, which only follow connections.
 
 Near repair (:func:`near_step`) walks node to node towards the requester's position on one
 side, always to the connection nearest the requester on that side, and stops at the node that
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 from overlay.handle import NodeHandle
 from overlay.ids import RING
+from overlay.smallworld import exchange
 from overlay.smallworld.estimate import desired_shortcuts, draw_shortcut_target
 from overlay.smallworld.messages import (
     LEFT,
@@ -43,8 +55,9 @@ from overlay.smallworld.state import SmallWorldHost
 
 
 def tick(core: SmallWorldHost) -> None:
-    """One maintenance round on a ready node: rejoin if isolated, keep the shortcut count, ping idle
-    connections and, every stabilize interval, send near-repair walks and expire dead records."""
+    """One maintenance round on a ready node: rejoin if isolated, keep the shortcut count, send the
+    near list every exchange period (and expire stale records), ping silent connections and,
+    every stabilize interval, send near-repair walks."""
     if not core.ready:
         return
     if not len(core.table):
@@ -52,11 +65,15 @@ def tick(core: SmallWorldHost) -> None:
         return
     now = core.runtime.now()
     check_shortcuts(core)
+    if now >= core.next_exchange:
+        core.next_exchange = now + core.config.near_exchange_s
+        exchange.push_near(core)
+        exchange.expire_proposals(core, now)
+        core.prox.expire_dead()
     ping_idle(core, now)
     if now >= core.next_stabilize:
         core.next_stabilize = now + core.config.stabilize_interval_s
         walk_near(core)
-        core.prox.expire_dead()
 
 
 def check_shortcuts(core: SmallWorldHost) -> None:
@@ -78,9 +95,20 @@ def check_shortcuts(core: SmallWorldHost) -> None:
             core.shortcut_pending += 1
             core.send_connect(target, SHORTCUT, core.next_token())
     elif len(eff) > want + cfg.shortcut_slack:
-        rng = core.runtime.rng
-        for _ in range(len(eff) - want):
-            h = eff.pop(rng.randrange(len(eff)))
+        # Drop the suspected ones first, then those heard from longest ago: when N̂ falls
+        # because many nodes failed at once, the surplus is mostly shortcuts to failed nodes
+        # not yet detected, and a live one may be the last link to the rest of the ring.
+        # (Staleness is independent of the shortcut's length: the 1/d law is kept.)
+        prox = core.prox
+        bad = prox.bad
+        peers = prox.peers
+
+        def freshness(h: NodeHandle) -> tuple[bool, float]:
+            p = peers.get(h)
+            return (h not in bad, p.last_heard if p is not None else -1.0)
+
+        eff.sort(key=freshness)
+        for h in eff[: len(eff) - want]:
             t.discard_out(h)
             core.stats["shortcuts_trimmed"] += 1
             if t.needed(h):
@@ -89,26 +117,63 @@ def check_shortcuts(core: SmallWorldHost) -> None:
                 core.drop(h, SHORTCUT)
 
 
-def ping_idle(core: SmallWorldHost, now: float) -> None:
-    """Probe every connection silent for ``idle_ping_s`` (Brunet edge keep-alive).
+def check_isolated(core: SmallWorldHost) -> None:
+    """After losing connections: with fewer live ones left than a near window holds, this node
+    may be cut off from the ring (all its links failed at once but for a few nodes cut off with
+    it), and no exchange or walk can leave such an island. Ask the seeds where we belong (a
+    rejoin: its reply links us to the nodes closest to our id wherever they are). In a ring
+    that small anyway, the rejoin finds the nodes we already hold and changes nothing."""
+    if not core.ready or core.join_state is not None or core.stopped:
+        return
+    bad = core.prox.bad
+    live = sum(1 for h in core.table.all if h not in bad)
+    if live < core.config.near_window:
+        core.rejoin()
 
-    A connection we never exchanged a probe with has no liveness record yet; it counts as
-    heard at a point staggered across one idle period before our start (by its position in
-    the table), so that a freshly built node — or a whole oracle-built network — spreads its
-    first round of pings over three ticks instead of firing them all at once. Fewer probes in
-    flight per node keep the probe tables and the event queue small at 10^6 nodes. (Pings
-    are counted by ``prox.probes_sent``; per-node stats count only rarer events, since every
-    distinct key costs memory in each of 10^6 counters.)
+
+def ping_idle(core: SmallWorldHost, now: float) -> None:
+    """Probe every connection silent for its idle period (Brunet edge keep-alive): ``idle_ping_s``
+    for the near window, whose members send us their lists every ``near_exchange_s`` anyway,
+    ``shortcut_idle_ping_s`` for the rest.
+
+    A connection we never exchanged a probe with has no liveness record yet. A near one is
+    pinged at once: its first RTT sample sets the timeout with which its failure would be
+    probed (the lists' echoes refine it from the second round on). A shortcut counts as heard
+    at a point staggered across one idle period before our start (by its position in the
+    table), so that a freshly built node — or a whole oracle-built network — spreads its first
+    round of pings over many ticks instead of firing them all at once. Fewer probes in flight
+    per node keep the probe tables and the event queue small at 10^6 nodes. (Pings are counted
+    by ``prox.probes_sent``; per-node stats count only rarer events, since every distinct key
+    costs memory in each of 10^6 counters.)
     """
-    limit = core.config.idle_ping_s
+    cfg = core.config
     prox = core.prox
     peers = prox.peers
+    bad = prox.bad
     started = core.started_at
     conns = core.table.all
-    step = limit / len(conns) if conns else 0.0
+    n = len(conns)
+    k = cfg.near_per_side
+    near_idle = cfg.idle_ping_s
+    # A suspected near neighbour is probably gone, and the connections next in line on its side
+    # will take its place: check those now too (if silent), in parallel with its probe, so that
+    # after correlated failures the window is not refilled with nodes that failed as well.
+    right_next = left_next = False
+    if bad and n > 2 * k:
+        right_next = any(h in bad for h in conns[:k])
+        left_next = any(h in bad for h in conns[n - k :])
     for i, h in enumerate(conns):
         p = peers.get(h)
-        last = p.last_heard if p is not None else started - i * step
+        if n <= 2 * k or i < k or i >= n - k:  # the near window
+            if p is None or now - p.last_heard >= near_idle:
+                prox.probe(h)
+            continue
+        next_in_line = (right_next and i < 2 * k) or (left_next and i >= n - 2 * k)
+        if next_in_line and (p is None or now - p.last_heard >= near_idle):
+            prox.probe(h)
+            continue
+        limit = cfg.shortcut_idle_ping_s
+        last = p.last_heard if p is not None else started - limit * i / n
         if now - last >= limit:
             prox.probe(h)
 
@@ -167,6 +232,7 @@ def near_step(core: SmallWorldHost, origin: NodeHandle, side: int, hops: int) ->
 __all__ = [
     "LEFT",
     "RIGHT",
+    "check_isolated",
     "check_shortcuts",
     "near_step",
     "ping_idle",

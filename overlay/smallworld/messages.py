@@ -21,6 +21,15 @@ Theory of operation (Brunet's linking protocol, simplified to datagrams; PonD §
   requester. Its first hop is the requester's current nearest neighbour on that side, so
   the common case — refilling the second near connection — takes two hops; a wide gap left
   by several failures is crossed by shortcuts.
+* ``NearList`` is the neighbour exchange (Brunet's status exchange between near neighbours):
+  a node sends its near window to its near neighbours whenever the window changes and every
+  ``near_exchange_s``. The receiver links the nodes that belong in its own window — the sender
+  at once (it is the authenticated sender), the others only once they acknowledged a ``Link``
+  (hearsay must not put unreachable handles in a table) — and, when ``ask`` is set and it
+  knows nodes that belong in the sender's window but are missing from the list, answers with
+  a ``NearList`` of its own (``ask`` clear, so exchanges end). Each list echoes the last
+  stamp the sender got from the receiver, so near neighbours measure their RTT from the lists
+  (TCP's timestamp echo, RFC 7323 §4) and need no pings while both are alive.
 """
 
 from __future__ import annotations
@@ -120,3 +129,22 @@ class NearReply(Message):
 
     hop: int
     nodes: tuple[NodeHandle, ...]
+
+
+@register(68)
+@attrs.frozen(slots=True)
+class NearList(Message):
+    """The sender's near window (and, in an answer, the nodes the receiver is missing in its own);
+    ``ask``: answer if you know nodes that belong in my window but are not in ``nodes``.
+
+    ``stamp`` is the sender's clock at sending; ``echo`` the last stamp the sender received
+    from the receiver (-1: none yet) and ``held`` how long the sender had held it, so that
+    the receiver measures the round trip (now − echo − held) without a ping of its own. Only
+    durations cross the wire: the two clocks need not agree.
+    """
+
+    nodes: tuple[NodeHandle, ...]
+    ask: bool
+    stamp: float
+    echo: float
+    held: float

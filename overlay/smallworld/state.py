@@ -1,12 +1,13 @@
-"""Per-join progress and what the join and maintenance parts see of a small-world node.
+"""Per-join progress and what the join, exchange and maintenance parts see of a small-world node.
 
 The core (:mod:`overlay.smallworld.core`) dispatches messages and timers to the join
-(:mod:`~overlay.smallworld.join`) and maintenance (:mod:`~overlay.smallworld.maintenance`)
-functions; those read and change the node's connection table and join progress through the
-core's mutators (``link``, ``drop``, ``consider_near``, ``send_connect``) so the invariants of
-the ring (Brunet: two near connections per side, shortcuts at log-uniform distances) are kept
-in one place. They type against :class:`SmallWorldHost` rather than the core class, so imports
-point one way only: core → join, maintenance → state.
+(:mod:`~overlay.smallworld.join`), exchange (:mod:`~overlay.smallworld.exchange`) and
+maintenance (:mod:`~overlay.smallworld.maintenance`) functions; those read and change the node's
+connection table and join progress through the core's mutators (``link``, ``drop``,
+``consider_near``, ``send_connect``) so the invariants of the ring (Brunet: two near connections
+per side, shortcuts at log-uniform distances) are kept in one place. They type against
+:class:`SmallWorldHost` rather than the core class, so imports point one way only: core → join →
+maintenance → exchange → state.
 """
 
 from __future__ import annotations
@@ -67,9 +68,15 @@ class SmallWorldHost(Protocol):
     shortcut_deadline: float
     #: tokens of our own shortcut requests awaiting a reply (None: none yet)
     shortcut_tokens: set[int] | None
-    #: when the node (re)started, and when the next stabilization round is due
+    #: when the node (re)started, when the next stabilization walk and the next periodic
+    #: near-list exchange are due
     started_at: float
     next_stabilize: float
+    next_exchange: float
+    #: hearsay candidates we sent a Link and wait to hear a LinkAck from: token and deadline
+    proposed: dict[NodeHandle, tuple[int, float]] | None
+    #: per connection, the last NearList stamp it sent us and when it arrived (to echo it)
+    list_stamps: dict[NodeHandle, tuple[float, float]] | None
 
     def next_token(self) -> int:
         """A fresh token to match connection replies to requests."""

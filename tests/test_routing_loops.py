@@ -1,0 +1,171 @@
+"""Routing loops: a message that comes back round an inconsistent route is routed on, once.
+
+Greedy routing cannot loop on a consistent ring, but tables are not consistent during churn
+(an out-of-date Pastry row entry, a stale leaf set) and an application's ``forward`` upcall may
+redirect a hop. The shared engine (``overlay/kbr.py``) remembers, per (origin, msg_id), the hop
+count at which a node handled a message and the next hops it chose: a copy with no more hops is
+a retransmission (acked, dropped), a copy with more hops came back round a loop and leaves by a
+next hop not tried yet (or is delivered, when every closer node led back), and the node that
+delivered it never delivers it again. ``max_hops`` bounds a loop with no way out.
+
+The simulated rings corrupt one node's routing decision for one key so that it points away from
+the key, towards a node whose own (correct) route leads straight back: the lookup must still end
+at the node the oracle (``closest_live``) names, exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from toy_overlay import ToyConfig, ToyCore
+
+from overlay import NodeHandle, NodeId
+from overlay.ids import ring_distance
+from overlay.kbr import BaseApplication, KbrConfig, RouteAck, RouteMsg
+from overlay.runtime import ManualRuntime
+from sim_adapter.latency import Uniform
+from sim_adapter.network import Network, SimNode
+
+
+class _Recorder(BaseApplication):
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        self.got.append(payload)
+
+
+def _lone(known: list[int]) -> tuple[ManualRuntime, ToyCore, _Recorder, list[NodeHandle]]:
+    rt = ManualRuntime(seed=1)
+    core = ToyCore(rt, NodeHandle(NodeId(1000), "me"), ToyConfig())
+    core.known = [NodeHandle(NodeId(i), f"n{i}") for i in known]
+    app = _Recorder()
+    core.register("app", app)
+    return rt, core, app, core.known
+
+
+def _forwards(rt: ManualRuntime) -> list[tuple[Any, RouteMsg]]:
+    return [(d, m) for d, m in rt.take_sent() if isinstance(m, RouteMsg)]
+
+
+# --------------------------------------------------------------------------- the engine rules
+def test_a_revisit_with_more_hops_leaves_by_a_next_hop_not_tried_yet() -> None:
+    rt, core, app, (near, nearer) = _lone([1500, 1200])
+    peer = NodeHandle(NodeId(5), "p")
+    key = NodeId(1600)
+    m = RouteMsg(key, "app", "x", peer, 77, 2)
+    core.receive(peer, m)
+    (first,) = _forwards(rt)
+    assert first[0] == near and first[1].hops == 3  # greedy: 1500 is closest to 1600
+    core.receive(peer, m)  # the previous hop's retransmission: same hop count
+    assert _forwards(rt) == [] and core.stats["duplicates"] == 1
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 6))  # back round a loop
+    (second,) = _forwards(rt)
+    assert second[0] == nearer and second[1].hops == 7  # 1500 led back here: try 1200
+    assert core.stats["route_loops"] == 1
+    # every closer node has led back: this node is the closest it can reach and delivers
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 9))
+    assert _forwards(rt) == [] and app.got == ["x"]
+    assert core.stats["route_loops"] == 2
+
+
+def test_delivery_is_at_most_once_whatever_copies_arrive() -> None:
+    rt, core, app, _ = _lone([5000])
+    peer = NodeHandle(NodeId(5), "p")
+    key = NodeId(1001)  # this node is the closest it knows
+    for hops in (1, 1, 4, 9, 2):  # retransmission, loop copies, a slower copy with fewer hops
+        core.receive(peer, RouteMsg(key, "app", "y", peer, 5, hops))
+    assert app.got == ["y"]
+    assert core.stats["delivered"] == 1 and core.stats["duplicates"] == 4
+    acks = [m for _, m in rt.take_sent() if isinstance(m, RouteAck)]
+    assert len(acks) == 5  # every copy acked: no previous hop keeps retransmitting
+
+
+def test_a_node_that_originated_a_message_routes_it_on_when_it_comes_back() -> None:
+    rt, core, _app, (near, nearer) = _lone([1500, 1200])
+    core.route(NodeId(1600), "app", "z")
+    ((dst, out),) = _forwards(rt)
+    assert dst == near and out.hops == 1
+    core.receive(nearer, RouteMsg(out.key, "app", "z", core.handle, out.msg_id, 4))
+    ((dst2, out2),) = _forwards(rt)
+    assert dst2 == nearer and out2.msg_id == out.msg_id and core.stats["route_loops"] == 1
+
+
+# --------------------------------------------------------------------------- simulated rings
+def _corrupt(core: Any, key: NodeId, away: NodeHandle) -> None:
+    """Make ``core`` send messages for ``key`` to ``away`` (as long as it has not tried it): a
+    routing entry pointing away from the key, like an out-of-date Pastry row entry."""
+    honest = core.next_hop
+
+    def next_hop(k: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        if k == key and not (exclude and away in exclude):
+            return away
+        return honest(k, exclude)  # type: ignore[no-any-return]
+
+    core.next_hop = next_hop
+
+
+def _point_at(node: SimNode, other: NodeHandle) -> None:
+    """Make ``node`` route every key to ``other``, ignoring what it already tried."""
+
+    def next_hop(key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        return other
+
+    node.core.next_hop = next_hop  # type: ignore[method-assign]
+
+
+def _far_from(nodes: list[SimNode], key: NodeId, rng: random.Random) -> SimNode:
+    far = sorted(nodes, key=lambda x: ring_distance(x.id, key))[len(nodes) // 2 :]
+    return rng.choice(far)
+
+
+@pytest.mark.parametrize("overlay", ["pastry", "smallworld"])
+def test_a_lookup_caught_in_a_loop_still_arrives_once(overlay: str) -> None:
+    net = Network(seed=21, latency=Uniform(0.01, 0.05, seed=21))
+    nodes = net.spawn(64, overlay=overlay, build="oracle")
+    rng = random.Random(21)
+    arrived = loops = 0
+    for _ in range(12):
+        key = NodeId.random(rng)
+        root = net.node_by_id(int(net.closest_live(key)))
+        away = _far_from(nodes, key, rng)
+        # the root sends the key away; every route from there leads back to the root
+        _corrupt(root.core, key, away.handle)
+        src = rng.choice([x for x in nodes if x is not root])
+        before = root.core.stats["route_loops"]
+        res = net.lookup(src, key, timeout_s=30.0)
+        loops += root.core.stats["route_loops"] - before
+        arrived += res.result == root.id
+    assert arrived == 12  # every lookup at the node the oracle names ...
+    assert net.duplicate_deliveries == 0  # ... exactly once
+    assert loops >= 12  # and each did go round the loop first
+
+
+def test_a_loop_with_no_way_out_is_dropped_at_max_hops_and_counted(toy_overlay: str) -> None:
+    cfg = ToyConfig(kbr=KbrConfig(max_hops=20))
+    net = Network(seed=3, latency=Uniform(0.01, 0.02, seed=3))
+    nodes = net.spawn(16, overlay=toy_overlay, build="oracle", config=cfg)
+    key = NodeId.random(random.Random(3))
+    a, b = sorted(nodes, key=lambda x: ring_distance(x.id, key))[:2]
+    # a and b each insist the other is closer, whatever they already tried
+    _point_at(a, b.handle)
+    _point_at(b, a.handle)
+    res = net.lookup(a, key, timeout_s=30.0)
+    assert res.result is None  # not delivered anywhere: nobody took the loop for a root
+    assert sum(x.core.stats["ttl_expired"] for x in (a, b)) == 1
+    # every pass back was routed on: hops 2..20 arrive as loops (hop 1 is b's first visit)
+    assert sum(x.core.stats["route_loops"] for x in (a, b)) == 19
+    net.run(60.0)  # and nothing keeps circulating
+    assert sum(x.core.stats["forwarded"] for x in (a, b)) == 21  # the origin's + hops 1..20
+
+
+def test_lookups_on_a_consistent_ring_never_count_a_loop() -> None:
+    net = Network(seed=8)
+    nodes = net.spawn(300, overlay="smallworld", build="oracle")
+    rng = random.Random(8)
+    pairs = [(rng.choice(nodes), NodeId.random(rng)) for _ in range(300)]
+    res = net.lookup_many(pairs)
+    assert all(r.result == net.closest_live(k) for r, (_, k) in zip(res, pairs, strict=True))
+    assert sum(x.core.stats["route_loops"] for x in nodes) == 0
