@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from typing import NamedTuple
 
 from overlay.errors import ConfigError, OverlayError
@@ -44,7 +45,7 @@ from overlay.multicast.ranges import CCW, CW, intersect, normalize, region_to_cw
 from overlay.multicast.tree import inside_region, partition, region_members
 from sim_adapter.simnode import NetworkView, SimNode
 
-__all__ = ["AnalyticResult", "count_analytic"]
+__all__ = ["AnalyticResult", "Timeline", "count_analytic", "query_timeline"]
 
 #: PondSim: ``reschedule_time > 10000 ? 10000 : reschedule_time`` (MapReduceTask.cpp).
 BACKOFF_CAP_S = 10.0
@@ -214,3 +215,93 @@ def count_analytic(
         exchanges=w.exchanges,
         lost=w.lost,
     )
+
+
+# ---------------------------------------------------------------------- per-node timeline
+class Timeline(NamedTuple):
+    """Outcome of :func:`query_timeline`: when the query reached each node, and when the root
+    had the answer (lossless, no processing time)."""
+
+    arrival_s: array[float]  #: by node index: when the query reached it (NaN: never)
+    latency_s: float  #: when the root had the whole answer (critical path, as count_analytic)
+    visited: int  #: nodes that evaluated the query
+    depth: int  #: tree height in edges
+
+
+class _TimelineWalk(_Walk):
+    """The lossless walk of :class:`_Walk` that also records each node's arrival time."""
+
+    __slots__ = ("arrival",)
+
+    def __init__(self, net: NetworkView) -> None:
+        super().__init__(net, "model", 0.0, random.Random(0))
+        self.arrival = array("d", [math.nan]) * len(net.nodes)
+
+    def at(
+        self, x: SimNode, t: float, d: int, b: NodeId, e: NodeId, ttl: int
+    ) -> tuple[int, int, float]:
+        """(nodes counted, height, latency from ``t``) of the subtree at ``x``, which the query
+        reaches at time ``t``; records the arrival time of every node that evaluates it."""
+        core = x.core
+        me = core.id
+        inside = inside_region(d, me, b, e)
+        if inside and math.isnan(self.arrival[x.index]):
+            self.arrival[x.index] = t
+        pts = region_members(core, d, b, e)
+        if not pts:
+            if inside:
+                return 1, 0, 0.0
+            return self._relay_at(x, t, d, b, e, ttl)
+        nodes = self.nodes
+        lat = self.lat
+        count = 1 if inside else 0
+        height = 0
+        worst = 0.0
+        for h, sb, se in partition(me, d, b, e, pts):
+            y = nodes[h.address]  # type: ignore[call-overload]  # sim addresses are indices
+            if not y.alive:
+                self.missing.append(region_to_cw(d, sb, se))
+                continue
+            down = lat.one_way_s(x.index, y.index)
+            c, hgt, cl = self.at(y, t + down, d, sb, se, RELAY_TTL)
+            self.exchanges += 1
+            total = down + lat.one_way_s(y.index, x.index) + cl
+            count += c
+            if hgt >= height:
+                height = hgt + 1
+            if total > worst:
+                worst = total
+        return count, height, worst
+
+    def _relay_at(
+        self, x: SimNode, t: float, d: int, b: NodeId, e: NodeId, ttl: int
+    ) -> tuple[int, int, float]:
+        if ttl <= 0:
+            self.missing.append(region_to_cw(d, b, e))
+            return 0, 0, 0.0
+        nh = x.core.next_hop(b)
+        if nh is None or nh == x.handle:
+            return 0, 0, 0.0
+        y = self.nodes[nh.address]  # type: ignore[call-overload]  # sim addresses are indices
+        if not y.alive:
+            self.missing.append(region_to_cw(d, b, e))
+            return 0, 0, 0.0
+        down = self.lat.one_way_s(x.index, y.index)
+        c, hgt, cl = self.at(y, t + down, d, b, e, ttl - 1)
+        return c, hgt + 1, down + self.lat.one_way_s(y.index, x.index) + cl
+
+
+def query_timeline(net: NetworkView, src: SimNode) -> Timeline:
+    """When a lossless clockwise query from ``src`` reaches every node, and when ``src`` has
+    the answer: the walk of :func:`count_analytic` (same tree, same latency model) keeping
+    each node's arrival time. A ClassAd query evaluates a node's ad on arrival
+    (:mod:`discovery.query`), so ``latency_s - arrival_s[i]`` is how old node ``i``'s answer
+    is when the root has it — what the staleness of a match depends on (PonD §4.2.2).
+    Crashed children are skipped (their regions are missing, as in the protocol without
+    repair)."""
+    if not src.alive:
+        raise OverlayError(f"query_timeline from crashed node {src!r}")
+    w = _TimelineWalk(net)
+    me = src.id
+    count, depth, lat = w.at(src, 0.0, CW, me, me, RELAY_TTL)
+    return Timeline(w.arrival, lat, count, depth)

@@ -4,4 +4,8 @@ Shared pieces (seeds, replicates on a process pool, 95% intervals, JSON/PNG/mark
 are in :mod:`sim_adapter.experiments.common`.
 """
 
-EXPERIMENT_MODULES = ("sim_adapter.experiments.ring", "sim_adapter.experiments.butt")
+EXPERIMENT_MODULES = (
+    "sim_adapter.experiments.ring",
+    "sim_adapter.experiments.butt",
+    "sim_adapter.experiments.pond",
+)

@@ -31,12 +31,16 @@ from discovery.pond import PondConfig, PondResult, PoolOnDemand, ReleaseResult
 from discovery.pond_messages import Signer
 from discovery.pond_worker import CondorHostHook, InvitePolicy
 from discovery.query import QueryConfig, QueryResult, ResourceQuery
+from discovery.query_messages import QueryArg
 from overlay.errors import OverlayError
+from overlay.kbr import KbrCore
+from overlay.multicast import MULTICAST_APP, Multicast
 from sim_adapter.network import Network
 from sim_adapter.simnode import SimNode
 
 __all__ = [
     "AdFactory",
+    "ObservedQuery",
     "attach",
     "form_pond",
     "machine_of",
@@ -51,6 +55,53 @@ __all__ = [
 AdFactory = Callable[[SimNode, random.Random], "MachineAd | ClassAd | None"]
 
 T = TypeVar("T")
+
+
+class ObservedQuery(ResourceQuery):
+    """A node's query application that also hands every result it starts to an observer
+    (experiments record query latency this way, e.g. PonD Fig. 8b) before its caller sees it."""
+
+    def __init__(
+        self,
+        core: KbrCore,
+        machine: MachineAd | None,
+        config: QueryConfig | None,
+        observer: Callable[[QueryResult], None],
+    ) -> None:
+        super().__init__(core, machine, config)
+        self.observer = observer
+
+    def run(
+        self,
+        arg: QueryArg,
+        on_done: Callable[[QueryResult], None],
+        *,
+        redundant: bool = False,
+        timeout_s: float | None = None,
+        level_s: float | None = None,
+    ) -> int:
+        """``ResourceQuery.run``, with the observer called on the result first."""
+
+        def done(res: QueryResult) -> None:
+            self.observer(res)
+            on_done(res)
+
+        return super().run(arg, done, redundant=redundant, timeout_s=timeout_s, level_s=level_s)
+
+
+def _attach_observed(
+    node: SimNode,
+    machine: MachineAd | None,
+    config: QueryConfig | None,
+    on_query: Callable[[SimNode, QueryResult], None],
+) -> None:
+    core = node.core
+    mc = core.apps.get(MULTICAST_APP)
+    if not isinstance(mc, Multicast):
+        raise OverlayError("attach the multicast application (overlay.multicast) first")
+    app = ObservedQuery(core, machine, config, lambda r: on_query(node, r))
+    core.register(dquery.QUERY_APP, app)
+    mc.add_aggregator(dquery.QUERY_AGGREGATOR, dquery.AGGREGATOR)
 
 
 def _random_ad(node: SimNode, rng: random.Random) -> MachineAd:
@@ -69,19 +120,24 @@ def attach(
     signer: Callable[[SimNode], Signer | None] | None = None,
     policy: Callable[[SimNode], InvitePolicy | None] | None = None,
     on_condor_host: Callable[[SimNode], CondorHostHook | None] | None = None,
+    on_query: Callable[[SimNode, QueryResult], None] | None = None,
 ) -> list[SimNode]:
     """Give every node (or ``nodes``) a machine ad, the query application and (``pond``) the
     pond application. Ads come from ``machine_ad(node, rng)`` — by default
     :func:`discovery.machine.random_machine_ad` with a :class:`DictProvider` — with an rng
     seeded by ``seed`` (the network's own stream is left alone, so adding ads does not change
-    the ring). Returns the nodes attached."""
+    the ring). ``on_query(node, result)`` (optional) sees every query a node starts, when its
+    result arrives (:class:`ObservedQuery`). Returns the nodes attached."""
     rng = random.Random(seed)
     make = machine_ad if machine_ad is not None else _random_ad
     out = []
     for node in net.nodes if nodes is None else nodes:
         ad = make(node, rng)
         m = MachineAd(ad) if isinstance(ad, ClassAd) else ad
-        dquery.attach(node.core, m, query_config)
+        if on_query is None:
+            dquery.attach(node.core, m, query_config)
+        else:
+            _attach_observed(node, m, query_config, on_query)
         if pond:
             dpond.attach(
                 node.core,

@@ -1,0 +1,276 @@
+"""``flockring sim pond-geo``: C-PonD with geographic requirements on 440 churning nodes
+(PonD §4.4, Fig. 9).
+
+Theory of operation: the model is :mod:`.pond_geo_model`. Each replicate (seed) places the nodes,
+draws churn and jobs, and runs the four request phases. It reports, per phase, the jobs, the
+mean task wait and where the runs went (by continent), and samples every ``sample_s`` the
+available (up and in no pond) nodes per continent and the running tasks — the two curves of
+PonD Fig. 9 (the figure plots the first replicate). Every replicate checks, by brute force,
+that each task completed exactly once and that *every* run — evicted ones too — was on a node
+inside the job's region (its coordinates against the region's box) that satisfies the task's
+ad (``classad2``) and carried the task's pond stamp; a failed check aborts the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from discovery.classads import MATCH, JobAd, evaluate
+from sim_adapter.experiments import common
+from sim_adapter.experiments.pond_common import peak_rss_mib
+from sim_adapter.experiments.pond_geo_model import (
+    PHASES,
+    REGIONS,
+    GeoConfig,
+    GeoRun,
+    in_region,
+    simulate_geo,
+)
+
+__all__ = ["NAME", "check_run", "register", "replicate", "run"]
+
+NAME = "pond-geo"
+
+PAPER = (
+    "440 PlanetLab nodes, 65 hours; in Req.2/3/4 jobs ran on America/Europe/Asia nodes "
+    "respectively; 'flawless operation' of pond creation and job execution; more running jobs "
+    "than claimed machines because multi-core nodes ran one job per core"
+)
+
+
+def check_run(g: GeoRun) -> dict[str, int]:
+    """Brute-force checks (module docstring); raises AssertionError on a violation."""
+    log = g.log
+    done = Counter(r.task_id for r in log.runs if r.end_s is not None and not r.evicted)
+    bad = [t for t in log.tasks if done.get(t, 0) != 1]
+    if bad:
+        raise AssertionError(f"{len(bad)} tasks did not complete exactly once, e.g. {bad[:5]}")
+    cache: dict[tuple[str, int], bool] = {}
+    outside = 0
+    for r in log.runs:
+        task = log.tasks[r.task_id]
+        ad = g.ads[r.machine]
+        if task.region and not in_region(
+            float(ad["Latitude"]), float(ad["Longitude"]), task.region
+        ):
+            outside += 1
+        key = (task.ad, r.machine)
+        if key not in cache:
+            cache[key] = evaluate(JobAd.from_text(task.ad), ad)[0] == MATCH
+        if not cache[key]:
+            raise AssertionError(f"task {r.task_id} ran on node {r.machine}, which rejects it")
+        if not r.pond_job_id or r.stamp != r.pond_job_id:
+            raise AssertionError(f"task {r.task_id} started on a node not stamped for its pond")
+    if outside:
+        raise AssertionError(f"{outside} runs outside their job's region")
+    return {"tasks": len(log.tasks), "runs": len(log.runs), "outside_region": outside}
+
+
+def replicate(cfg: GeoConfig, seed: int) -> dict[str, Any]:
+    """One seed: the whole four-phase run, its checks, per-phase figures and the samples."""
+    t0 = time.perf_counter()
+    g = simulate_geo(cfg, seed)
+    checks = check_run(g)
+    waits = g.log.waits()
+    done = g.log.completed()
+    phases = []
+    for p, (label, region) in enumerate(PHASES):
+        lo, hi = p * cfg.phase_s, (p + 1) * cfg.phase_s
+        tids = [t for t, s in g.log.tasks.items() if lo <= s.submit_s < hi]
+        where: Counter[str] = Counter(str(g.ads[done[t].machine]["Continent"]) for t in tids)
+        w = [waits[t] for t in tids]
+        phases.append(
+            {
+                "phase": label,
+                "region": region,
+                "jobs": len({g.log.tasks[t].job_id for t in tids}),
+                "tasks": len(tids),
+                "task_wait_s": common.summary(w),
+                "runs_by_continent": dict(where),
+            }
+        )
+    return {
+        "seed": seed,
+        "checks": checks,
+        "phases": phases,
+        "failures": g.failures,
+        "restarts": g.restarts,
+        "counters": g.counters,
+        "end_s": g.end_s,
+        "samples": g.samples,
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+    }
+
+
+def aggregate(cfg: GeoConfig, reps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per phase: jobs, wait and share of runs per continent, mean ± 95% over replicates."""
+    conts = [c for c, _ in cfg.nodes]
+    rows = []
+    for p, (label, region) in enumerate(PHASES):
+        pr = [r["phases"][p] for r in reps]
+        share = defaultdict(list)
+        for x in pr:
+            tot = sum(x["runs_by_continent"].values()) or 1
+            for c in conts:
+                share[c].append(x["runs_by_continent"].get(c, 0) / tot)
+        avail = defaultdict(list)
+        for r in reps:
+            for s in r["samples"]:
+                if p * cfg.phase_s <= s["t"] < (p + 1) * cfg.phase_s:
+                    for c in conts:
+                        avail[c].append(s[c]["available"])
+        rows.append(
+            {
+                "phase": label,
+                "region": region,
+                "jobs": common.interval95([float(x["jobs"]) for x in pr]),
+                "task_wait_s": common.interval95(
+                    [x["task_wait_s"]["mean"] for x in pr if x["tasks"]]
+                ),
+                "share": {c: common.interval95(share[c]) for c in conts},
+                "available_mean": {
+                    c: sum(avail[c]) / len(avail[c]) if avail[c] else math.nan for c in conts
+                },
+            }
+        )
+    return rows
+
+
+def _c(iv: dict[str, float], nd: int = 1) -> str:
+    if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
+        return "—"
+    if iv["n"] <= 1:
+        return f"{iv['mean']:.{nd}f}"
+    return f"{iv['mean']:.{nd}f} ±{(iv['hi'] - iv['lo']) / 2:.{nd}f}"
+
+
+def _num(x: float | None, nd: int = 1) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.{nd}f}"
+
+
+def markdown(cfg: GeoConfig, rows: list[dict[str, Any]], reps: list[dict[str, Any]]) -> str:
+    """Per-phase table and the run's totals."""
+    conts = [c for c, _ in cfg.nodes]
+    lines = [
+        f"### {NAME} — Fig. 9: per request phase, ours over {len(reps)} seed(s)",
+        "",
+        "| phase | jobs | mean task wait (s) | "
+        + " | ".join(f"runs in {c}" for c in conts)
+        + " | "
+        + " | ".join(f"available {c} (mean)" for c in conts)
+        + " |",
+        "|" + "---|" * (3 + 2 * len(conts)),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['phase']} | {_c(r['jobs'], 0)} | {_c(r['task_wait_s'])} | "
+            + " | ".join(f"{_c(r['share'][c], 3)}" for c in conts)
+            + " | "
+            + " | ".join(_num(r["available_mean"][c]) for c in conts)
+            + " |"
+        )
+    outside = sum(r["checks"]["outside_region"] for r in reps)
+    lines += [
+        "",
+        f"Runs outside their region: {outside} (checked by brute force on every run). "
+        f"Node failures: {sum(r['failures'] for r in reps)}, evicted runs: "
+        f"{sum(r['counters']['evicted_runs'] for r in reps)}, tasks: "
+        f"{sum(r['counters']['tasks'] for r in reps)} (all completed exactly once).",
+        f"Regions (lat lo, lat hi, lon lo, lon hi): {REGIONS}.",
+        "",
+        f"Paper (§4.4): {PAPER}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _figure(cfg: GeoConfig, rep: dict[str, Any]) -> Any:
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot(1, 1, 1)
+        ts = [s["t"] / 3600 for s in rep["samples"]]
+        for c, _ in cfg.nodes:
+            ax.plot(ts, [s[c]["available"] for s in rep["samples"]], lw=1, label=f"available {c}")
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel("available nodes")
+        ax2 = ax.twinx()
+        ax2.bar(ts, [s["running"] for s in rep["samples"]], width=cfg.sample_s / 3600,
+                color="grey", alpha=0.4, label="running tasks")  # fmt: skip
+        ax2.set_ylabel("running tasks")
+        for p, (label, _) in enumerate(PHASES):
+            x = p * cfg.phase_s / 3600
+            ax.axvline(x, color="k", lw=0.5)
+            ax.text(
+                x + cfg.phase_s / 3600 * 0.03, ax.get_ylim()[1] * 0.97, label, fontsize=6, va="top"
+            )
+        ax.legend(loc="center left", fontsize=6)
+        ax2.legend(loc="center right", fontsize=6)
+        ax.set_title(f"PonD Fig. 9 (ours, seed {rep['seed']})", fontsize=9)
+
+    return draw
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the experiment; write outputs; return the document."""
+    cfg = GeoConfig(phase_s=args.hours * 3600 / len(PHASES), overlay=args.overlay)
+    seeds = common.seeds_of(args.seed, args.seeds)
+    t0 = time.perf_counter()
+    reps = common.run_replicates(
+        functools.partial(replicate, cfg),
+        seeds,
+        workers=min(args.workers, len(seeds)),
+        dask=args.dask,
+        label=f"{NAME} replicates",
+        progress=None if not args.json else False,
+    )
+    wall = time.perf_counter() - t0
+    rows = aggregate(cfg, reps)
+    rss = max([r["peak_rss_mib"] for r in reps] + [peak_rss_mib()])
+    doc = {
+        "experiment": NAME,
+        "source": "Lee et al. 2012 (PonD) §4.4, Fig. 9",
+        "config": cfg.as_dict(),
+        "regions": REGIONS,
+        "seeds": seeds,
+        "wall_s": round(wall, 2),
+        "peak_rss_mib": rss,
+        "rows": rows,
+        "paper": PAPER,
+        "replicates": reps,
+    }
+    md = markdown(cfg, rows, reps)
+    cmd = f"flockring sim {NAME} --seeds {args.seeds} --seed {args.seed} --hours {args.hours:g}"
+    md += f"\nCommand: `{cmd}`; wall time {wall:.1f} s; peak RSS {rss:.0f} MiB.\n"
+    doc["files"] = [
+        str(p) for p in common.write_outputs(args.out, NAME, doc, md, [("", _figure(cfg, reps[0]))])
+    ]
+    return doc
+
+
+def _main(args: argparse.Namespace) -> int:
+    doc = run(args)
+    if args.json:
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        print(
+            markdown(
+                GeoConfig(phase_s=args.hours * 3600 / len(PHASES)), doc["rows"], doc["replicates"]
+            )
+        )
+        print(f"wall {doc['wall_s']} s; wrote {', '.join(doc['files'])}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``pond-geo``."""
+    p = sub.add_parser(NAME, help="PonD Fig. 9: geographic queries on 440 churning nodes")
+    common.add_common_args(p)
+    p.add_argument("--hours", type=float, default=65.0, help="length of the four phases (PonD: 65)")
+    p.add_argument("--overlay", choices=("smallworld", "pastry"), default=GeoConfig().overlay)
+    p.set_defaults(func=_main)
