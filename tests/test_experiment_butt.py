@@ -1,9 +1,11 @@
-"""Invariants of the Butt et al. 2006 Tables 2-3 experiment on a small configuration.
+"""Invariants of the Butt et al. 2006 Tables 2-3 experiment on a small configuration, with the
+ideal pool model (a job starts the instant a machine is free; the Condor machinery model has its
+own file, test_experiment_butt_condor.py).
 
 Never the paper's numbers (docs/experiments.md compares those): every job runs exactly once,
 no job leaves its pool without flocking, configuration III runs the same jobs as I, flocking
 really moves jobs of the overloaded pool and only while the Flock plugin's decision says so,
-and the same seed gives the same output.
+and the same seed gives the same output, inline or on a process pool.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from sim_adapter.experiments import common
 from sim_adapter.experiments.butt import replicate, run
+from sim_adapter.experiments.butt_condor import Machinery
 from sim_adapter.experiments.butt_model import (
     CONFIGURATIONS,
     ButtConfig,
@@ -29,6 +32,7 @@ from sim_adapter.experiments.butt_model import (
 )
 
 SMALL = ButtConfig(jobs_per_sequence=12)
+MACH = Machinery()
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +88,8 @@ def test_load_at_d_without_flocking_would_wait_longer(runs: dict[str, ConfRun]) 
 
 
 def test_same_seed_same_output() -> None:
-    a = replicate(SMALL, ("I", "II"), 3)
-    b = replicate(SMALL, ("I", "II"), 3)
+    a = replicate(SMALL, MACH, "ideal", "planetlab-2006", ("I", "II"), 3)
+    b = replicate(SMALL, MACH, "ideal", "planetlab-2006", ("I", "II"), 3)
     for x in (a, b):
         for c in ("I", "II"):
             x[c].pop("wall_s")
@@ -108,30 +112,44 @@ def test_interval95() -> None:
     assert common.interval95([5.0])["lo"] == 5.0
 
 
-def test_cli_writes_outputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "model", "paper"),
+    [
+        ("butt-table3", "ideal", ("[27.47]", "[27.4]")),
+        ("butt-table3", "condor", ("[27.47]", "[27.4]")),
+        ("butt-2003-table1", "condor", ("279.48", "106.2")),
+    ],
+)
+def test_cli_writes_outputs(tmp_path: Path, name: str, model: str, paper: tuple[str, str]) -> None:
+    m = Machinery()
     args = argparse.Namespace(
-        experiment_name="butt-table3",
+        experiment_name=name,
         seeds=2,
         seed=1,
         workers=1,
         dask=None,
         json=True,
         out=str(tmp_path),
+        model=model,
         cycle_s=60.0,
         overhead_s=0.0,
+        dispatch_fixed_s=m.dispatch_fixed_s,
+        dispatch_rtts=m.dispatch_rtts,
+        no_claim_reuse=False,
     )
     doc = run(args)
     names = {Path(p).name for p in doc["files"]}
-    assert names == {"butt-table3.json", "butt-table3.md", "butt-table3.png"}
-    table = (tmp_path / "butt-table3.md").read_text()
-    assert "[27.47]" in table and "[27.4]" in table
-    stored = json.loads((tmp_path / "butt-table3.json").read_text())
+    assert names == {f"{name}.json", f"{name}.md", f"{name}.png"}
+    table = (tmp_path / f"{name}.md").read_text()
+    assert all(v in table for v in paper)
+    stored = json.loads((tmp_path / f"{name}.json").read_text())
     assert stored["seeds"] == [1, 2]
     assert len(stored["replicates"]) == 2
+    assert stored["model"] == model
 
 
 def test_process_pool_gives_inline_results() -> None:
-    fn = functools.partial(replicate, SMALL, ("I", "III"))
+    fn = functools.partial(replicate, SMALL, MACH, "condor", "planetlab-2006", ("I", "III"))
     inline = common.run_replicates(fn, [1, 2], workers=1, progress=False)
     pooled = common.run_replicates(fn, [1, 2], workers=2, progress=False)
     for reps in (inline, pooled):

@@ -16,6 +16,7 @@ import pytest
 from overlay.errors import ConfigError
 from sim_adapter.experiments import common
 from sim_adapter.experiments.butt import replicate
+from sim_adapter.experiments.butt_condor import Machinery
 from sim_adapter.experiments.butt_model import ButtConfig
 
 pytestmark = pytest.mark.slow
@@ -33,13 +34,16 @@ def _strip(reps: list[dict[str, Any]]) -> str:
 
 def test_dask_local_cluster_matches_inline() -> None:
     distributed = pytest.importorskip("distributed")
-    fn = functools.partial(replicate, SMALL, ("I", "II"))
+    # the Condor machinery model (the default of butt-table2) on the 2006 PlanetLab sites
+    fn = functools.partial(replicate, SMALL, Machinery(), "condor", "planetlab-2006", ("I", "II"))
     inline = common.run_replicates(fn, [5, 6], progress=False)
     with distributed.LocalCluster(
         n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
     ) as cluster:
         remote = common.run_replicates(fn, [5, 6], progress=False, dask=cluster.scheduler_address)
     assert _strip(remote) == _strip(inline)
+    assert [r["seed"] for r in remote] == [5, 6]
+    assert any(r["II"]["flocked_out"] > 0 for r in inline)  # flocking really ran remotely too
 
 
 def test_unreachable_scheduler_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,5 +7,7 @@ are in :mod:`sim_adapter.experiments.common`.
 EXPERIMENT_MODULES = (
     "sim_adapter.experiments.ring",
     "sim_adapter.experiments.butt",
+    "sim_adapter.experiments.butt_sweep",
+    "sim_adapter.experiments.butt_1000",
     "sim_adapter.experiments.pond",
 )
