@@ -240,6 +240,13 @@ def _print_status(r: StatusReply, out: TextIO) -> None:
         "wire.bad_message",
     )
     print("counters: " + "  ".join(f"{k}={stats.get(k, 0)}" for k in keys), file=out)
+    rate = {
+        k.removeprefix("rate.dropped_"): v
+        for k, v in stats.items()
+        if k.startswith("rate.dropped_") and v
+    }
+    if rate:
+        print("rate-limited: " + "  ".join(f"{k}={v}" for k, v in sorted(rate.items())), file=out)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -9,10 +9,19 @@ Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
 * :class:`KbrCore` holds everything the two overlays share: the application registry, message
   dispatch with drop-and-count of unknown or malformed input, the proximity table, and
   **recursive routing with per-hop acknowledgements** (MSPastry §3.2): every forwarded
-  :class:`RouteMsg` is acked by the next hop; an unacked hop is retransmitted ``hop_retries``
-  times with RTO back-off, then the next hop is *suspected* (which starts a liveness probe),
-  excluded, and the message is rerouted through the overlay's next-best choice. Reroutes are
+  :class:`RouteMsg` is acked by the next hop. The first transmission to a measured hop times
+  out after ``hop_timeout_srtt_factor`` smoothed RTTs (an unmeasured one after the initial
+  RTO, 1 s, about the largest RTT of the transit-stub model); then the hop is *suspected*
+  (which starts a liveness probe) and the message goes at once by the overlay's next-best
+  choice instead of waiting out a retransmission back-off — a holder that waits is a holder
+  that may crash meanwhile. Only when the silent hop is the only way on (the closest node we
+  know: delivering here instead would be wrong if it is merely slow, or lossy) is it
+  retransmitted with RTO back-off, until it acks or its probe declares it DEAD. Reroutes are
   bounded; a message that exhausts them is dropped and counted, never lost silently.
+* **Joining nodes deliver nothing.** A node that is not ``ready`` yet is not responsible for
+  any key (MSPastry §3.1: a node becomes *active* once its leaf set confirmed it), but its new
+  neighbours may already route to it: a message it would deliver goes back to the previous
+  hop, which sees it return (below) and routes on avoiding it.
 * **Duplicates and loops.** Each node remembers, per (origin, msg_id), the hop count at which it
   last handled a message and the next hops it chose. A copy with no more hops than that is a
   duplicate (a lost ack made the previous hop resend): acked again, not processed twice. A copy
@@ -128,8 +137,12 @@ class KbrConfig:
 
     #: per-hop acks (MSPastry §3.2). Off = plain datagram forwarding (fewer messages, no reroute).
     hop_acks: bool = True
-    #: retransmissions to the same next hop before suspecting it (covers plain message loss).
-    hop_retries: int = 2
+    #: retransmissions, with RTO back-off, to a silent next hop that is the only way on (it is
+    #: the closest node known: delivering here instead would be wrong if it is merely slow or
+    #: its datagrams were lost), or once the reroutes are spent. They stop early once the hop's
+    #: probe declares it DEAD (3 pings for Pastry: 1 + 2 + 4 RTO); 7 outlast that at any RTO.
+    #: A hop with an alternative is not retransmitted: the message goes the other way at once.
+    hop_retries: int = 7
     #: alternative next hops tried after suspicion before the message is dropped and counted.
     max_reroutes: int = 6
     #: remembered (origin, msg_id) pairs, for duplicate suppression and loop detection.
@@ -138,6 +151,17 @@ class KbrConfig:
     #: taken more hops is dropped and counted as ``ttl_expired``. Pastry needs ~log16 N hops and
     #: greedy small-world routing O(log^2 N); 128 is far beyond both at 10^6 nodes.
     max_hops: int = 128
+    #: a node still joining (not ``ready``) that would deliver a routed message sends it back
+    #: to the previous hop, which routes around it (MSPastry §3.1: a node becomes *active*,
+    #: i.e. responsible for keys, only once its leaf set confirmed it, while its neighbours
+    #: may already route to it). False = deliver at once, as a joined node would.
+    bounce_unready: bool = True
+    #: the first transmission to a measured next hop times out after this many smoothed RTTs
+    #: (+ ``min_rto_s``) when that is below the RFC 6298 RTO. A premature timeout costs only a
+    #: second copy by another way and a probe (the copy that arrives twice is acked and
+    #: dropped), while every second spent on a crashed hop is a second the holder may crash
+    #: in (MSPastry §3.2 reroutes on the first missing ack). 0 = the plain RTO.
+    hop_timeout_srtt_factor: float = 1.5
 
 
 class _Hop:
@@ -318,6 +342,13 @@ class KbrCore(abc.ABC):
     def _on_peer_dead(self, h: NodeHandle) -> None:
         """Proximity declared ``h`` DEAD: remove it and repair."""
 
+    def is_joining(self) -> bool:
+        """True while this node's join is under way (it is not yet responsible for keys).
+
+        Each overlay overrides this with its own join state machine; a core that never joined
+        (a unit test's, an oracle build's) is not joining."""
+        return False
+
     def _on_peer_alive(self, h: NodeHandle) -> None:
         """A suspected/dead peer spoke again (override to re-insert it)."""
         return None
@@ -436,6 +467,7 @@ class KbrCore(abc.ABC):
         exclude: set[NodeHandle] | None,
         hint: NodeHandle | None = None,
         reroutes: int = 0,
+        prev: NodeHandle | None = None,
     ) -> None:
         nh: NodeHandle | None
         if hint is not None and hint != self.handle and hint not in self.prox.bad:
@@ -446,6 +478,17 @@ class KbrCore(abc.ABC):
         if app is None:
             self.stats["dropped_unknown_app"] += 1
             return
+        if (
+            nh is None
+            and prev is not None
+            and not self.ready
+            and self.kbr_config.bounce_unready
+            and self.is_joining()
+        ):
+            # Not active yet: not responsible for any key. Back to the previous hop, which sees
+            # the message return with more hops and routes it on avoiding us (``_on_route``).
+            self.stats["bounced_unready"] += 1
+            nh = prev
         if nh is None:
             self._record(msg, None)
             self.stats["delivered"] += 1
@@ -477,28 +520,50 @@ class KbrCore(abc.ABC):
     def _send_hop(self, hop: _Hop) -> None:
         rt = self.runtime
         hop.sent_at = rt.now()
-        timeout = min(self.prox.config.max_rto_s, self.prox.rto(hop.nh) * (2**hop.attempt))
+        prox = self.prox
+        timeout = min(prox.config.max_rto_s, prox.rto(hop.nh) * (2**hop.attempt))
+        factor = self.kbr_config.hop_timeout_srtt_factor
+        if hop.attempt == 0 and factor > 0:
+            srtt = prox.srtt(hop.nh)
+            if srtt is not None:
+                timeout = min(timeout, factor * srtt + prox.config.min_rto_s)
         mid = hop.msg.msg_id
         hop.timer = rt.call_later(timeout, lambda: self._hop_timeout(mid, hop))
         rt.send(hop.nh, hop.msg)
 
     def _hop_timeout(self, mid: int, hop: _Hop) -> None:
+        """No ack from the next hop within its RTO (MSPastry §3.2).
+
+        The hop is suspected at once (which starts a liveness probe) and, when the overlay
+        knows another next hop, the message goes that way now instead of waiting for
+        retransmissions to back off: a retransmission to a crashed node only delays, and a
+        holder that waits 1 + 2 + 4 s is a holder that may crash meanwhile. If the silent hop
+        is the only way on (no other next hop: delivering here instead would be wrong if it is
+        alive), the message is retransmitted to it with back-off until it acks or its probe
+        declares it DEAD (``hop_retries`` at most).
+        """
         if self._pending.get(mid) is not hop or self.stopped:
             return
-        if hop.attempt < self.kbr_config.hop_retries:
+        cfg = self.kbr_config
+        prox = self.prox
+        prox.suspect(hop.nh)
+        exclude = set(hop.exclude) if hop.exclude else set()
+        exclude.add(hop.nh)
+        if (
+            hop.attempt < cfg.hop_retries
+            and prox.state(hop.nh) is not Liveness.DEAD
+            and (hop.reroutes >= cfg.max_reroutes or self.next_hop(hop.msg.key, exclude) is None)
+        ):
             hop.attempt += 1
             self.stats["hop_retransmits"] += 1
             self._send_hop(hop)
             return
         del self._pending[mid]
-        self.prox.suspect(hop.nh)
-        if hop.reroutes >= self.kbr_config.max_reroutes:
+        if hop.reroutes >= cfg.max_reroutes:
             self.stats["route_dropped"] += 1
             log.debug("route %x dropped after %d reroutes", mid, hop.reroutes)
             return
         self.stats["reroutes"] += 1
-        exclude = set(hop.exclude) if hop.exclude else set()
-        exclude.add(hop.nh)
         prev = hop.msg
         back = RouteMsg(prev.key, prev.app, prev.payload, prev.origin, prev.msg_id, prev.hops - 1)
         self._step(back, exclude, None, hop.reroutes + 1)
@@ -525,13 +590,13 @@ class KbrCore(abc.ABC):
             self.stats["ttl_expired"] += 1
             return
         if not tried:
-            self._step(msg, None)
+            self._step(msg, None, prev=src)
             return
         # Back round a loop: leave by a next hop not tried yet. When every closer node this node
         # knows has been tried and led back here, this node is the closest one reachable and
         # delivers (as when every closer node is suspected); max_hops bounds the whole walk.
         self.stats["route_loops"] += 1
-        self._step(msg, set(tried))
+        self._step(msg, set(tried), prev=src)
 
     def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:
         if msg.origin.id != src.id:

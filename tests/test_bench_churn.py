@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from overlay.errors import ConfigError
+from overlay.ids import ring_distance
 from sim_adapter.bench import churn
 
 
@@ -34,6 +35,10 @@ def test_every_lookup_is_accounted_for(overlay: str) -> None:
     assert r["delivered"] + lost == r["launched"] and r["unaccounted"] == 0
     assert r["correct"] + r["incorrect"] == r["delivered"]
     assert sum(w["launched"] for w in r["windows"]) == r["launched"]
+    # each window's outcomes are those of the lookups launched in it
+    assert sum(w["correct"] for w in r["windows"]) == r["correct"]
+    assert sum(w["lost"] for w in r["windows"]) == r["lost"]
+    assert all(w["correct"] + w["lost"] <= w["launched"] for w in r["windows"])
     assert len(r["windows"]) == 3
 
 
@@ -64,3 +69,43 @@ def test_bad_trace_line_names_file_and_line(tmp_path: Path) -> None:
     f.write_text("0 100\n5 oops\n")
     with pytest.raises(ConfigError, match=r"t\.txt:2: expected"):
         churn.run(args(trace=str(f)))
+
+
+def test_correct_fraction_is_checked_against_brute_force_and_every_cause_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Re-derive every delivery's verdict by brute force over the active nodes at that moment
+    (joined and alive, ring distance, ties to the smaller id), independently of the bench's
+    own oracle, and check the report's split of deliveries and losses against it."""
+    verdicts: list[bool] = []
+    real = churn._ChurnRun.delivered
+
+    def delivered(self: Any, lid: int, at: Any) -> None:
+        rec = self.recs.get(lid)
+        if rec is not None and not rec.done and rec.window >= 0:
+            key = int(rec.key)
+            best = min(self.active, key=lambda n: (ring_distance(n.id, key), int(n.id)))
+            verdicts.append(best is at)
+        real(self, lid, at)
+
+    monkeypatch.setattr(churn._ChurnRun, "delivered", delivered)
+    r = churn.run(args(overlay="pastry", loss=0.01))
+    assert r["delivered"] == len(verdicts) > 100
+    assert r["correct"] == sum(verdicts)
+    assert r["incorrect"] == len(verdicts) - sum(verdicts)
+    assert r["correct_fraction"] == pytest.approx(sum(verdicts) / r["launched"], abs=1e-6)
+    # every incorrect delivery has a classified cause, every loss one of the named ones
+    assert sum(r["incorrect_causes"].values()) == r["incorrect"]
+    assert set(r["incorrect_causes"]) <= {
+        "root_young",
+        "root_unknown",
+        "root_suspected",
+        "root_not_in_leaf_set",
+        "root_excluded",
+    }
+    assert r["source_crashed"] + r["holder_crashed"] + r["dropped"] == r["lost"]
+    assert r["unaccounted"] == 0
+    # the control figure's breakdown: lookups' own hops and maintenance both show up
+    by_type = r["msgs_per_s_per_node_by_type"]
+    assert by_type["RouteMsg"] > 0 and by_type["Ping"] > 0
+    assert r["dropped_loss"] > 0

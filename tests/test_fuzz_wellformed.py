@@ -68,6 +68,7 @@ MEMOS = {
     "_learned": 256,  # overlay.pastry.core._LEARNED_MEMO
     "_recent": 32,  # MulticastConfig.dedupe_window
     "_report_probed": 68,  # Pastry: 4 (L + 1) failure-report rate limits
+    "_reported": 128,  # Pastry: failure reports heard, 8 L (purged by size, not by time)
     "gone": 200,  # Pastry's partition-healing history: time-bounded (gone_history_age_s, 1.5 h)
     "stats": 200,  # counter names
 }

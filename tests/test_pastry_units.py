@@ -446,7 +446,7 @@ def test_joins_one_by_one_build_exact_leaf_sets_and_consistent_readiness() -> No
         assert net.join(c, [seed]) == [True]
         # consistent join: every leaf-set member already holds the new node
         for m in c.leaf.nodes():
-            assert c.handle in net.cores[int(m.address)].leaf
+            assert c.handle in net.cores[int(m.address)].leaf  # type: ignore[call-overload]
     net.run(5.0)
     ids = [int(c.id) for c in net.cores]
     for c in net.cores:
@@ -481,7 +481,7 @@ def test_crash_is_detected_spread_and_repaired_in_a_minute() -> None:
     for v in victims:
         net.cores[v].stop()
     net.run(60)
-    live = [c for c in net.cores if int(c.handle.address) not in victims]
+    live = [c for c in net.cores if int(c.handle.address) not in victims]  # type: ignore[call-overload]
     ids = [int(c.id) for c in live]
     for c in live:
         assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)

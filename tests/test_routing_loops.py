@@ -169,3 +169,94 @@ def test_lookups_on_a_consistent_ring_never_count_a_loop() -> None:
     res = net.lookup_many(pairs)
     assert all(r.result == net.closest_live(k) for r, (_, k) in zip(res, pairs, strict=True))
     assert sum(x.core.stats["route_loops"] for x in nodes) == 0
+
+
+# --------------------------------------------------------------------------- churn rules
+def _pings(sent: list[tuple[Any, Any]]) -> list[Any]:
+    return [d for d, m in sent if type(m).__name__ == "Ping"]
+
+
+def test_a_joining_node_sends_a_message_back_and_the_previous_hop_routes_around_it() -> None:
+    # x (1000) is still joining: its new neighbour p (900) already routes key 1010 to it
+    rt_x, x, app_x, _ = _lone([900])
+    x.is_joining = lambda: True  # type: ignore[method-assign]
+    assert not x.ready
+    rt_p = ManualRuntime(seed=2)
+    p = ToyCore(rt_p, NodeHandle(NodeId(900), "n900"), ToyConfig())
+    p.known = [x.handle, NodeHandle(NodeId(5000), "n5000")]
+    p.ready = True
+    app_p = _Recorder()
+    p.register("app", app_p)
+    p.route(NodeId(1010), "app", "k")
+    ((dst, out),) = _forwards(rt_p)
+    assert dst == x.handle  # x is numerically closest: p's (correct) greedy choice
+    x.receive(p.handle, out)
+    sent = rt_x.take_sent()
+    back = [(d, m) for d, m in sent if isinstance(m, RouteMsg)]
+    assert [d for d, _ in back] == [p.handle] and app_x.got == []
+    assert x.stats["bounced_unready"] == 1
+    assert any(isinstance(m, RouteAck) for _, m in sent)  # p's hop is acked all the same
+    p.receive(x.handle, back[0][1])
+    # back at p with more hops: x was tried, p is the closest *active* node and delivers
+    assert app_p.got == ["k"] and p.stats["route_loops"] == 1
+    # once ready, x delivers what it is responsible for
+    x.ready = True
+    x.receive(p.handle, RouteMsg(NodeId(1010), "app", "k2", p.handle, 99, 1))
+    assert app_x.got == ["k2"]
+
+
+def test_a_silent_hop_with_an_alternative_is_routed_around_at_once() -> None:
+    rt, core, app, (near, nearer) = _lone([1500, 1200])
+    core.ready = True
+    core.route(NodeId(1600), "app", "m")
+    ((dst, _),) = _forwards(rt)
+    assert dst == near
+    rt.advance(1.01)  # the initial RTO of an unmeasured hop
+    sent = rt.take_sent()
+    fwd = [d for d, m in sent if isinstance(m, RouteMsg)]
+    assert fwd == [nearer]  # no retransmission to the silent hop: the other way at once
+    assert _pings(sent) == [near]  # and the silent hop is probed (suspected)
+    assert near in core.prox.bad and core.stats["reroutes"] == 1
+    assert core.stats["hop_retransmits"] == 0 and app.got == []
+
+
+def test_a_silent_hop_that_is_the_only_way_on_is_retried_not_replaced_by_this_node() -> None:
+    # the silent hop is the closest node this node knows: delivering here would be wrong if
+    # its datagrams were only lost, so it is retransmitted until it acks
+    rt, core, app, (only,) = _lone([1500])
+    core.ready = True
+    core.route(NodeId(1600), "app", "m")
+    ((dst, out),) = _forwards(rt)
+    assert dst == only
+    rt.advance(1.01)
+    sent = rt.take_sent()
+    assert [d for d, m in sent if isinstance(m, RouteMsg)] == [only]
+    assert core.stats["hop_retransmits"] == 1 and app.got == []
+    core.receive(only, RouteAck(out.msg_id))  # it answers: nothing more is sent, no delivery
+    rt.advance(30.0)
+    assert [m for _, m in rt.take_sent() if isinstance(m, RouteMsg)] == []
+    assert app.got == [] and core.stats["delivered"] == 0
+
+
+def test_a_silent_only_hop_declared_dead_ends_the_retries_and_this_node_delivers() -> None:
+    rt, core, app, (only,) = _lone([1500])
+    core.ready = True
+    core.route(NodeId(1600), "app", "m")
+    rt.take_sent()
+    rt.advance(120.0)  # no answer to anything: the probe declares it dead
+    assert only not in core.known  # the toy overlay dropped it on the DEAD verdict
+    assert app.got == ["m"]  # now this node is the closest live one it knows
+    retries = core.stats["hop_retransmits"]
+    assert 1 <= retries <= core.kbr_config.hop_retries
+
+
+def test_a_measured_hop_times_out_after_a_few_round_trips_not_the_rfc_rto() -> None:
+    rt, core, _app, (near, nearer) = _lone([1500, 1200])
+    core.ready = True
+    core.prox.sample(near, 0.1)  # one sample: RFC 6298 RTO = 0.1 + 4 * 0.05 = 0.3 s
+    assert abs(core.prox.rto(near) - 0.3) < 1e-9
+    core.route(NodeId(1600), "app", "m")
+    rt.take_sent()
+    f = core.kbr_config.hop_timeout_srtt_factor
+    rt.advance(f * 0.1 + core.prox.config.min_rto_s + 0.001)  # 0.2 s < 0.3 s
+    assert [d for d, m in rt.take_sent() if isinstance(m, RouteMsg)] == [nearer]

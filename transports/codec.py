@@ -174,7 +174,7 @@ def safe_unpackb(data: bytes, limits: Limits = DEFAULT_LIMITS, ext_hook: Any = N
             value = msgpack.unpackb(data, ext_hook=ext_hook, **kw)
     except DecodeError:
         raise
-    except RecursionError:
+    except (RecursionError, msgpack.StackError):
         raise DecodeError("too deep") from None
     except Exception as exc:  # msgpack raises ValueError, ExtraData, StackError, TypeError…
         raise DecodeError(f"malformed: {type(exc).__name__}") from None

@@ -6,11 +6,13 @@
   one timer heap, signed sends);
 * :mod:`overlay.live.apps` — application endpoints (``node.application(name)``);
 * :mod:`overlay.live.control` — status/lookup control messages and the control client;
-* :mod:`overlay.live.host` — the narrow node interface the runtime and endpoints use.
+* :mod:`overlay.live.host` — the narrow node interface the runtime and endpoints use;
+* :mod:`overlay.live.ratelimit` — per-source token buckets on what arrives (:class:`RateLimits`).
 
 This is the only part of :mod:`overlay` (besides :mod:`overlay.testing`) that imports trio.
 """
 
 from overlay.live.node import ControlHandler, CoreFactory, Node, ProbeError
+from overlay.live.ratelimit import RateLimits
 
-__all__ = ["ControlHandler", "CoreFactory", "Node", "ProbeError"]
+__all__ = ["ControlHandler", "CoreFactory", "Node", "ProbeError", "RateLimits"]

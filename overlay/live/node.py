@@ -13,8 +13,8 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
 * One receive task reads the transport, opens each frame (session record: index, replay window,
   AEAD tag; envelope: limits, signature, replay window), decodes the message (type-checked: the
   trust boundary) and calls ``core.receive(src, msg)`` with ``src = NodeHandle(SHA-1(verified
-  key), address)``. Anything malformed, forged, replayed or unsigned is dropped and counted in
-  :attr:`Node.stats`; nothing raises into the loop.
+  key), address)``. Anything malformed, forged, replayed, unsigned or over a per-source rate
+  limit (:mod:`overlay.live.ratelimit`) is dropped and counted in :attr:`Node.stats`.
 * All tasks live in one supervisor task inside the nursery the ``async with`` opens; leaving the
   block stops the core (a clean leave where the overlay offers one) and cancels them; no task is
   ever spawned fire-and-forget.
@@ -67,6 +67,7 @@ from overlay.live.control import (
     await_reply,
 )
 from overlay.live.gate import ControlGate, TokenBucket
+from overlay.live.ratelimit import RateLimits, SourceLimiter
 from overlay.live.runtime import TrioRuntime, exit_nursery
 from overlay.live.serving import ControlHandler, ControlServer
 from overlay.messages import Message
@@ -128,7 +129,8 @@ class Node(ControlServer):
     signature per datagram (``False``: every datagram signed).
     ``advertise`` is the address peers are told (``udp://IP:PORT``, or a bare IP taking the
     bound port); it is required when the transport is bound to a wildcard such as ``0.0.0.0``
-    (:class:`~transports.address.WildcardAddressError` otherwise).
+    (:class:`~transports.address.WildcardAddressError` otherwise). ``rate_limits``: per-source
+    budgets on what peers send (:class:`~overlay.live.ratelimit.RateLimits`; None: defaults).
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class Node(ControlServer):
         core_kwargs: Mapping[str, Any] | None = None,
         advertise: str | None = None,
         sessions: bool | SessionConfig = True,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         if isinstance(overlay, str) and overlay not in _OVERLAYS:
             raise ConfigError(
@@ -200,6 +203,7 @@ class Node(ControlServer):
         self._ctl_waiters: dict[int, Callable[[Message], None]] = {}
         self._control_handlers: dict[type[Message], ControlHandler] = {}
         self._gate = ControlGate()
+        self._limiter = SourceLimiter(rate_limits)
         self._own_id_bytes = self.identity.id.to_bytes_be()
         #: control lookups routed for an asker: nonce -> (where the asker was observed, until)
         self._relays: dict[int, tuple[str, float]] = {}
@@ -282,10 +286,12 @@ class Node(ControlServer):
             ("auth.", self._verifier.counters),
             ("wire.", self._wire.counters),
             ("transport.", self.transport.stats),
+            ("rate.", self._limiter.counters),
         ]
         if self._sessions is not None:
             parts.append(("session.", self._sessions.counters))
             out["session.held"] = len(self._sessions)
+        out["rate.sources"] = len(self._limiter)
         for prefix, c in parts:
             for k, v in c.items():
                 out[prefix + k] = v
@@ -316,7 +322,7 @@ class Node(ControlServer):
         s = 0
         if self._sessions is not None:
             s = sum(v for k, v in self._sessions.counters.items() if k in DROP_COUNTERS)
-        return a + w + s
+        return a + w + s + self._limiter.dropped()
 
     # ------------------------------------------------------------------ lifecycle
     def _make_core(self, runtime: TrioRuntime) -> KbrCore:
@@ -466,9 +472,13 @@ class Node(ControlServer):
                     item = nowait()
 
     def _on_datagram(self, src_addr: str, data: bytes) -> None:
+        now = trio.current_time()
+        if not self._limiter.admit_frame(src_addr, now):  # before the costly opening
+            return
         cfg = self._session_config
         if cfg is not None and is_session_frame(data):
-            opened = self._open_sessions(cfg).receive(src_addr, data, trio.current_time())
+            self._counters["session_frames"] += 1
+            opened = self._open_sessions(cfg).receive(src_addr, data, now)
         else:
             opened = self._verifier.open(data)
         if opened is None:
@@ -487,6 +497,8 @@ class Node(ControlServer):
             except AddressError:
                 self._counters["bad_reply_address"] += 1
                 return
+        if not self._limiter.admit_message(src_addr, msg, now):
+            return
         if self._control_message(msg, opened, src_addr, address, data):
             return
         src = intern_handle(opened.sender_hash, address)
@@ -496,9 +508,7 @@ class Node(ControlServer):
                 # a signed frame from a member: sustained traffic earns a session
                 recent = self._verifier.last_recent
                 if self._sessions is not None or recent >= cfg.handshake_after_frames:
-                    self._open_sessions(cfg).consider(
-                        opened.sender_hash, address, recent, trio.current_time()
-                    )
+                    self._open_sessions(cfg).consider(opened.sender_hash, address, recent, now)
             core.receive(src, msg)
 
     # ------------------------------------------------------------------ API

@@ -54,6 +54,7 @@ from .messages import (
     check_handles,
 )
 from .routing_table import RoutingTable
+from .tables import TableMaintenance
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class PastryCore(KbrCore):
         self._report_probed: dict[NodeHandle, float] = {}
         self.joiner = JoinProtocol(self)
         self.maint = Maintenance(self)
+        self.tables = TableMaintenance(self)
         self.register(JOIN_APP, self.joiner.app)
         add = self.add_handler
         add(JoinRequest, self.joiner.on_join_request)
@@ -95,9 +97,9 @@ class PastryCore(KbrCore):
         add(LeafSetReply, self._on_leafset_reply)
         add(Heartbeat, self.maint.on_heartbeat)
         add(LeafFailed, self.maint.on_leaf_failed)
-        add(RowRequest, self.maint.on_row_request)
-        add(RowReply, self.maint.on_row_reply)
-        add(TableAnnounce, self.maint.on_table_announce)
+        add(RowRequest, self.tables.on_row_request)
+        add(RowReply, self.tables.on_row_reply)
+        add(TableAnnounce, self.tables.on_table_announce)
         add(NearbyRequest, self.joiner.on_nearby_request)
         add(NearbyReply, self.joiner.on_nearby_reply)
 
@@ -105,6 +107,7 @@ class PastryCore(KbrCore):
     def start(self) -> None:
         """Start leaf-set heartbeats and routing-table maintenance."""
         self.maint.start()
+        self.tables.start()
 
     def join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None = None) -> None:
         """Join through ``seeds`` with the Pastry join protocol; an empty list starts a new ring."""
@@ -114,6 +117,7 @@ class PastryCore(KbrCore):
         """Stop answering, stop maintenance and any join, and drop in-flight probes."""
         super().stop()
         self.maint.stop()
+        self.tables.stop()
         self.joiner.stop()
         for h in list(self.prox._probes):  # in-flight probes must not fire after a crash
             self.prox.forget(h)
@@ -122,6 +126,10 @@ class PastryCore(KbrCore):
     def join_state(self) -> JoinState:
         """Where this node's join protocol stands."""
         return self.joiner.state
+
+    def is_joining(self) -> bool:
+        """A join is under way (locating, joining or probing): not yet responsible for keys."""
+        return self.joiner.state in (JoinState.LOCATING, JoinState.JOINING, JoinState.PROBING)
 
     # ------------------------------------------------------------------ routing (hot path)
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
@@ -357,6 +365,99 @@ class PastryCore(KbrCore):
             table.put(row, col, h)
             self.stats["pns_replacements"] += 1
         return False
+
+    def hints(self, entries: Iterable[NodeHandle]) -> tuple[float, ...]:
+        """Our measured minimum RTT to each of ``entries`` (-1 = never measured): the RTT hints
+        sent along with routing candidates (see ``messages.py``)."""
+        rtt = self.prox.rtt
+        return tuple(-1.0 if (r := rtt(h)) is None else r for h in entries)
+
+    def offer_hinted(
+        self,
+        via: NodeHandle | None,
+        entries: Sequence[NodeHandle],
+        rtts: Sequence[float],
+        budget: int,
+        via_rtt_hint: float | None = None,
+        fill_unmeasured: bool = True,
+    ) -> int:
+        """Offer ``entries`` (received from ``via``, with ``via``'s RTT hints) to the routing
+        table; start at most ``budget`` probes; return how many were started.
+
+        Proximity neighbour selection with triangle-inequality pruning (module doc of
+        ``messages.py``): with ``a`` our RTT to ``via`` (our own measurement, else
+        ``via_rtt_hint``) and ``h`` its RTT to a candidate, the candidate's RTT lies in
+        ``[|a - h|, a + h]``. Candidates are taken most promising first (smallest upper bound),
+        so an empty slot gets the likeliest-nearest one at once; an occupied slot is contested
+        only by a candidate whose lower bound beats the occupant's measured RTT, and then only
+        after our own probe (``consider`` decides on measurements alone). Without
+        ``fill_unmeasured`` (unsolicited candidates) an empty slot waits for the probe too.
+        """
+        prox = self.prox
+        table = self.table
+        a = prox.rtt(via) if via is not None else None
+        if a is None and via_rtt_hint is not None and via_rtt_hint >= 0.0:
+            a = via_rtt_hint
+        inf = float("inf")
+        scored: list[tuple[int, float, float, int, NodeHandle]] = []
+        for i, h in enumerate(entries):
+            if h.id == self.id or h == via or prox.is_dead(h):
+                continue
+            known = prox.rtt(h)
+            if known is not None:
+                lo = hi = known
+            else:
+                hint = rtts[i] if i < len(rtts) else -1.0
+                if a is not None and hint >= 0.0:
+                    lo, hi = abs(a - hint), a + hint
+                else:
+                    lo, hi = 0.0, inf
+            # an empty slot first: filling a hole shortens routes more than a better entry
+            empty = table.get(*slot) is None if (slot := table.slot_of(h.id)) else False
+            scored.append((0 if empty else 1, hi, lo, int(h.id), h))
+        scored.sort(key=lambda t: t[:4])
+        probes = 0
+        bad = prox.bad
+        for _, _hi, lo, _, h in scored:
+            slot = table.slot_of(h.id)
+            if slot is None:
+                continue
+            row, col = slot
+            e = table.get(row, col)
+            if e == h:
+                continue
+            rh = prox.rtt(h)
+            if e is None:
+                if rh is not None or fill_unmeasured:
+                    table.put(row, col, h)
+                    if rh is None and probes < budget:
+                        prox.probe(h)  # measured now, so later candidates can be compared
+                        probes += 1
+                elif probes < budget:
+                    prox.probe(h, self._pns_cb(h))
+                    probes += 1
+                continue
+            if e in bad and h not in bad:
+                table.put(row, col, h)
+                continue
+            re = prox.rtt(e)
+            if rh is not None and re is not None:
+                if rh < re:
+                    table.put(row, col, h)
+                    self.stats["pns_replacements"] += 1
+                continue
+            if probes >= budget or (re is not None and lo >= re):
+                continue  # out of budget, or it cannot beat the occupant
+            cb = self._pns_cb(h)
+            if re is None:
+                prox.probe(e, cb)
+                probes += 1
+            if rh is None and probes < budget:
+                prox.probe(h, cb)
+                probes += 1
+        if probes:
+            self.stats["pns_hinted_probes"] += probes
+        return probes
 
     def _pns_cb(self, h: NodeHandle) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:

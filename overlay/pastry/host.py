@@ -23,20 +23,47 @@ from overlay.pastry.routing_table import RoutingTable
 from overlay.proximity import Proximity
 from overlay.runtime import Runtime
 
-__all__ = ["JoinerView", "MaintenanceView", "PastryHost"]
+__all__ = ["JoinerView", "MaintenanceView", "PastryHost", "TablesView"]
 
 
 class JoinerView(Protocol):
-    """What maintenance uses of the join protocol: the bootstrap seeds, for partition healing."""
+    """What maintenance uses of the join protocol: the bootstrap seeds (partition healing), the
+    node the join went through and the nearest nodes its discovery found (announcements)."""
 
     seeds: list[Address]
+    entry: NodeHandle | None
+    near_found: list[NodeHandle]
 
 
 class MaintenanceView(Protocol):
-    """What the join protocol uses of maintenance: start the periodic work once ready."""
+    """What the join protocol and the table maintenance use of the leaf-set maintenance."""
 
     def on_ready(self) -> None:
         """The node became ready: start heartbeats and row exchange."""
+
+    def table_leaf_check(self) -> None:
+        """Offer routing-table entries that belong in the leaf set."""
+
+
+class TablesView(Protocol):
+    """What join and maintenance use of the routing-table maintenance (``tables.py``)."""
+
+    def on_ready(self) -> None:
+        """The join finished: announce us and start the join's row walks."""
+
+    def repair_slot(self, row: int, col: int) -> None:
+        """A dead entry's slot: refill it locally and ask a peer for its entry."""
+
+    def walk(self, nonce: object) -> Any:
+        """The outstanding walk with this nonce, or None."""
+
+    def offer_walk(
+        self, src: NodeHandle, entries: Sequence[NodeHandle], rtts: Sequence[float], walk: Any
+    ) -> None:
+        """Offer the rows a walk hop sent."""
+
+    def end_walk(self, nonce: int) -> None:
+        """Forget a finished walk."""
 
 
 class PastryHost(Protocol):
@@ -61,6 +88,10 @@ class PastryHost(Protocol):
     def maint(self) -> MaintenanceView:
         """The node's maintenance protocol."""
 
+    @property
+    def tables(self) -> TablesView:
+        """The node's routing-table maintenance."""
+
     def add_leaf(self, h: NodeHandle) -> bool:
         """Offer ``h`` to the leaf set; True if it was added."""
 
@@ -72,6 +103,20 @@ class PastryHost(Protocol):
 
     def consider(self, h: NodeHandle, probe: bool) -> bool:
         """Offer ``h`` to the routing table (proximity neighbour selection)."""
+
+    def hints(self, entries: Iterable[NodeHandle]) -> tuple[float, ...]:
+        """Our measured RTT to each of ``entries`` (-1 = unknown): hints sent with candidates."""
+
+    def offer_hinted(
+        self,
+        via: NodeHandle | None,
+        entries: Sequence[NodeHandle],
+        rtts: Sequence[float],
+        budget: int,
+        via_rtt_hint: float | None = None,
+        fill_unmeasured: bool = True,
+    ) -> int:
+        """Offer candidates with RTT hints to the routing table (bounded, pruned probing)."""
 
     def drop_dead(self, h: NodeHandle) -> None:
         """Remove ``h`` as dead (even if it was already marked dead)."""

@@ -1,4 +1,4 @@
-"""Pastry maintenance: leaf-set liveness and repair, routing-table repair, partition healing.
+"""Pastry maintenance: leaf-set liveness and repair, partition healing.
 
 Theory of operation (Rowstron & Druschel 2001 §2.5 "node departure"; MSPastry,
 Castro et al. 2003 §3.2–3.3; FreePastry ``PeriodicLeafSetProtocol``, ``PartitionHandler``).
@@ -21,9 +21,8 @@ leaves periodically.
   about us. A member that should appear in the sender's leaf set but does not is probed.
 * **Leaf-set repair.** A side that falls short of L/2 (and the sides do not overlap) asks its
   extreme live member for its leaf set (R&D §2.5); candidates are merged as gossip.
-* **Routing table.** A dead entry R[r][c] is repaired lazily by asking a live node sharing >= r
-  digits for its R[r][c] (R&D §2.5). Every ``row_exchange_interval_s`` (900 s) each populated row
-  is refreshed from a random member of it; unmeasured candidates are probed (bounded) for PNS.
+* **Routing table.** A dead entry's slot is repaired and the table kept near by row swaps,
+  row walks and announcements: ``tables.py`` (:class:`~overlay.pastry.tables.TableMaintenance`).
 * **Partition healing.** Every ``partition_check_interval_s`` (300 s) a node routes a rejoin for
   its own id through a recently *gone* node (or, rarely, a bootstrap address). If the gone node
   lives in another ring, the reply brings that ring's nodes near our id; leaf-set gossip does
@@ -47,9 +46,6 @@ from .messages import (
     JoinRequest,
     LeafFailed,
     LeafSetRequest,
-    RowReply,
-    RowRequest,
-    TableAnnounce,
     check_handles,
 )
 
@@ -71,7 +67,6 @@ class Maintenance:
         #: recently gone nodes (partition healing), insertion-ordered: handle -> time gone
         self.gone: dict[NodeHandle, float] = {}
         self._tick_timer: Timer | None = None
-        self._row_timer: Timer | None = None
         self._part_timer: Timer | None = None
         self._started = False
         self._next_hb = 0.0
@@ -79,6 +74,9 @@ class Maintenance:
         #: per neighbour: (its last merged leaf set, ours at that time, when)
         self._hb_seen: dict[NodeHandle, tuple[Handles, Handles, float]] = {}
         self._last_verify = -math.inf
+        #: nodes a failure report named, and when (a verdict our probe then confirms is not
+        #: spread again: the reporter already told the leaf set)
+        self._reported: dict[NodeHandle, float] = {}
         self._last_repair = [-math.inf, -math.inf]
         self._repair_round = [0, 0]
         self._repair_prev: list[tuple[NodeHandle, float] | None] = [None, None]
@@ -95,19 +93,16 @@ class Maintenance:
         first = rng.uniform(0.0, cfg.heartbeat_interval_s)
         self._next_hb = rt.now() + first
         self._tick_timer = rt.call_later(first, self._tick)
-        self._row_timer = rt.call_later(
-            rng.uniform(0.5, 1.5) * cfg.row_exchange_interval_s, self._row_exchange
-        )
         self._part_timer = rt.call_later(
             rng.uniform(0.5, 1.5) * cfg.partition_check_interval_s, self._partition_check
         )
 
     def stop(self) -> None:
         """Cancel every maintenance timer."""
-        for t in (self._tick_timer, self._row_timer, self._part_timer):
+        for t in (self._tick_timer, self._part_timer):
             if t is not None:
                 t.cancel()
-        self._tick_timer = self._row_timer = self._part_timer = None
+        self._tick_timer = self._part_timer = None
 
     def _tick(self) -> None:
         core = self.core
@@ -126,17 +121,13 @@ class Maintenance:
         self._tick_timer = rt.call_later(max(_MIN_SLEEP_S, wake - now), self._tick)
 
     def on_ready(self) -> None:
-        """The join finished: tell routing-table entries about us (with the RTT we measured)."""
+        """The join finished: renew the neighbours' leases; announce us to the tables."""
         core = self.core
         now = core.runtime.now()
         for n in core.leaf.neighbors():
             if n is not None:
                 self.heard[n] = now
-        prox = core.prox
-        for h in list(core.table.entries()):
-            rtt = prox.rtt(h)
-            core.runtime.send(h, TableAnnounce(rtt if rtt is not None else -1.0))
-        core.stats["table_announces"] += len(core.table)
+        core.tables.on_ready()
 
     # ------------------------------------------------------------------ heartbeats & leases
     def _send_heartbeats(self) -> None:
@@ -221,7 +212,7 @@ class Maintenance:
         for m in core.leaf.nodes():
             last = self._last_heard(m)
             if last is None or now - last > cfg.leaf_verify_after_s:
-                core.stats["leaf_verify_probes"] += 1
+                core.stats["leaf_sweep_probes"] += 1
                 core.prox.probe(m)
 
     def on_heartbeat(self, src: NodeHandle, msg: Heartbeat) -> None:
@@ -296,12 +287,22 @@ class Maintenance:
             self.repair_slot(*slot)
         if not was_leaf:
             return
-        if spread:
-            # our own probes found it dead: tell the leaf set, whose members probe it themselves
+        reported = self._reported.pop(h, None)
+        if spread and (reported is None or now - reported > self.cfg.failed_spread_s):
+            # Our own probes found it dead, and no one told us first: tell the leaf set, whose
+            # members probe it themselves. A verdict that confirms someone else's report is not
+            # spread again — the reporter's leaf set (which overlaps ours) already heard, and
+            # heartbeats carry recent failures on to the immediate neighbours. Spreading every
+            # confirmation cost L x L = 256 messages a crash (0.14 msg/s/node at 30-min
+            # sessions) instead of ~L.
             msg = LeafFailed(h, 0.0)
             for m in core.leaf.nodes():
                 core.runtime.send(m, msg)
             core.stats["leaf_failed_sent"] += len(core.leaf)
+        if spread:
+            # Any failure, found by us or confirmed: check the rest of the leaf set
+            # (rate-limited). Failures may be correlated (a site, a partition), and a member no
+            # one reports to us would stay until its lease or a route to it ran out.
             self._verify_leaves(now)
         self._maybe_repair(now)
 
@@ -328,6 +329,13 @@ class Maintenance:
         last = self._last_heard(dead)
         if last is not None and last >= found_at:
             return  # it spoke after it was found dead: the report is stale
+        reported = self._reported
+        if len(reported) >= 4 * self.cfg.leaf_set_size:
+            limit = self.cfg.failed_spread_s
+            for k in [k for k, t in reported.items() if now - t > limit]:
+                del reported[k]
+        if len(reported) < 8 * self.cfg.leaf_set_size:  # bounded against floods of reports
+            reported[dead] = now
         core.accept_failure_report(dead, found_at)
 
     def _maybe_repair(self, now: float) -> None:
@@ -417,87 +425,9 @@ class Maintenance:
                 best, bd = h, d
         return best
 
-    # ------------------------------------------------------------------ routing table
     def repair_slot(self, row: int, col: int) -> None:
-        """Lazy repair: ask a live node sharing >= row digits for its R[row][col]."""
-        core = self.core
-        bad = core.prox.bad
-        table = core.table
-        cands = [h for r in range(row, table.nrows) for h in table.row(r) if h not in bad]
-        if not cands:
-            return
-        core.stats["slot_repairs"] += 1
-        core.runtime.send(core.runtime.rng.choice(cands), RowRequest(row, col))
-
-    def _row_exchange(self) -> None:
-        core = self.core
-        if core.stopped:
-            return
-        rt = core.runtime
-        cfg = self.cfg
-        self._row_timer = rt.call_later(
-            cfg.row_exchange_interval_s * rt.rng.uniform(0.9, 1.1), self._row_exchange
-        )
-        if not core.ready:
-            return
-        self.table_leaf_check()
-        bad = core.prox.bad
-        for r in core.table.populated_rows():
-            ents = [h for h in core.table.row(r) if h not in bad]
-            if ents:
-                core.stats["row_requests"] += 1
-                rt.send(rt.rng.choice(ents), RowRequest(r, -1))
-
-    def on_row_request(self, src: NodeHandle, msg: RowRequest) -> None:
-        """Answer a routing-table row request (lazy repair and row exchange)."""
-        core = self.core
-        table = core.table
-        row, col = msg.row, msg.col
-        if type(row) is not int or type(col) is not int:
-            raise ValueError("RowRequest fields must be ints")
-        if not (0 <= row < table.nrows and -1 <= col < table.cols):
-            raise ValueError(f"RowRequest out of range: {row}, {col}")
-        if col < 0:
-            entries = tuple(table.row(row))
-        else:
-            e = table.get(row, col)
-            entries = (e,) if e is not None else ()
-        core.runtime.send(src, RowReply(row, entries))
-        core.learn_alive(src)
-
-    def on_row_reply(self, src: NodeHandle, msg: RowReply) -> None:
-        """Offer the entries of a row reply to our routing table (bounded probing)."""
-
-        entries = check_handles(msg.entries)
-        core = self.core
-        budget = self.cfg.row_probe_limit
-        for h in entries:
-            if h.id == core.id:
-                continue
-            if core.consider(h, probe=budget > 0):
-                budget -= 1
-
-    def on_table_announce(self, src: NodeHandle, msg: TableAnnounce) -> None:
-        """A new node's table announcement: learn it; probe only if it may win a slot."""
-        rtt = msg.rtt_s
-        if not isinstance(rtt, float | int) or isinstance(rtt, bool) or not math.isfinite(rtt):
-            raise ValueError("TableAnnounce.rtt_s must be a finite number")
-        core = self.core
-        core.learn_alive(src)  # an empty slot takes it at once (no RTT needed)
-        # The announced RTT is the sender's own measurement: a hint of whether measuring is
-        # worth a probe, never a sample. Taken as a sample, one announce of 0.0 would win a
-        # routing-table slot for ever (a minimum RTT of 0 is never beaten). Only our own timed
-        # probes feed proximity neighbour selection (Castro et al. 2002, PNS).
-        slot = core.table.slot_of(src.id)
-        if slot is None or core.prox.rtt(src) is not None:
-            return
-        occupant = core.table.get(*slot)
-        if occupant is None or occupant == src:
-            return
-        known = core.prox.rtt(occupant)
-        if rtt >= 0.0 and (known is None or rtt < known):
-            core.stats["announce_probes"] += 1
-            core.consider(src, probe=True)
+        """A dead entry's slot: see :meth:`~overlay.pastry.tables.TableMaintenance.repair_slot`."""
+        self.core.tables.repair_slot(row, col)
 
     # ------------------------------------------------------------------ partitions
     def _partition_check(self) -> None:

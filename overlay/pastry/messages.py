@@ -21,18 +21,31 @@ tag    message           role (paper section)
                          and recent failures (FreePastry PeriodicLeafSetProtocol and
                          ConsistentJoinProtocol's failed set; MSPastry §3.2)
 37     LeafFailed        "this member failed", spread to the leaf set on detection
-38     RowRequest        routing-table repair (one slot) / periodic row exchange (a row)
+38     RowRequest        routing-table repair (one slot) / periodic row exchange (a row,
+                         carrying the asker's own row: FreePastry ``StandardRouteSetProtocol``
+                         swaps rows; Castro et al. 2003 constrained gossiping)
 39     RowReply          the requested entries (R&D §2.5; MSPastry §3.3)
 40     TableAnnounce     a newly ready node → its routing-table entries, with the RTT it
-                         measured (symmetric-RTT PNS seed, MSPastry §3.1)
+                         measured and its row the receiver sits in (FreePastry
+                         ``StandardJoinProtocol.broadcastRows``; MSPastry §3.1)
 41     NearbyRequest     joiner → seed / closer node before joining: "your leaf set
                          (row -1) or routing row r" — nearby-node discovery (Castro et
                          al. 2002 §4; FreePastry ``PNSApplication.getNearest``)
 42     NearbyReply       the leaf set or row, for the joiner to probe
 =====  ================  ================================================================
+
+**RTT hints.** Every message that lists routing candidates may carry, per entry, the sender's
+own measured minimum RTT to it (``rtts``, seconds; ``-1`` when unknown; empty = no hints). With
+its own RTT ``a`` to the sender, a receiver bounds a candidate's RTT by the triangle inequality,
+``|a - h| <= rtt <= a + h``, and probes only candidates whose lower bound beats the entry they
+would replace, most promising first (Castro et al. 2003 note that probing dominates the cost of
+PNS). A hint only decides *whether to measure*: a slot changes hands on our own measurements
+alone, so a lying hint costs at most a bounded number of probes, never a slot.
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 
@@ -41,6 +54,11 @@ from overlay.ids import NodeId
 from overlay.messages import Message, register
 
 Handles = tuple[NodeHandle, ...]
+#: per-entry RTT hints in seconds (-1 = unknown)
+Hints = tuple[float, ...]
+
+#: hints above this are clamped (no RTT on Earth is longer; a hint is only a probing priority)
+MAX_HINT_S = 10.0
 
 
 @register(30)
@@ -50,6 +68,9 @@ class JoinRequest(Message):
 
     nonce: int
     rejoin: bool = False
+    #: a ready node's row walk: the join route's rows without the leaf set, to refine its
+    #: routing table from a near node (see ``join.py``, "row walks")
+    walk: bool = False
 
 
 @register(31)
@@ -60,6 +81,7 @@ class JoinPayload(Message):
     joiner: NodeHandle
     nonce: int
     rejoin: bool = False
+    walk: bool = False
 
 
 @register(32)
@@ -69,6 +91,7 @@ class JoinRows(Message):
 
     nonce: int
     entries: Handles
+    rtts: Hints = ()  # the hop's RTT to each entry (hints, see the module doc)
 
 
 @register(33)
@@ -79,6 +102,7 @@ class JoinReply(Message):
     nonce: int
     leaves: Handles
     entries: Handles
+    rtts: Hints = ()  # the root's RTT to each of ``entries`` (hints)
 
 
 @register(34)
@@ -122,10 +146,18 @@ class LeafFailed(Message):
 @register(38)
 @attrs.frozen(slots=True)
 class RowRequest(Message):
-    """Node → routing-table entry: send me a slot (repair) or a whole row (periodic exchange)."""
+    """Node → routing-table entry: send me a slot (repair) or a whole row (periodic exchange).
+
+    A row exchange also carries the asker's own row ``row`` (with RTT hints) and the asker's
+    measured RTT to the receiver (a hint, < 0 when unknown): both sides learn from one round
+    trip (FreePastry ``StandardRouteSetProtocol.maintainRouteSet`` sends its row with the
+    request)."""
 
     row: int
     col: int  # -1 = the whole row
+    entries: Handles = ()
+    rtts: Hints = ()
+    rtt_s: float = -1.0
 
 
 @register(39)
@@ -135,6 +167,7 @@ class RowReply(Message):
 
     row: int
     entries: Handles
+    rtts: Hints = ()  # the replier's RTT to each entry (hints)
 
 
 @register(40)
@@ -143,6 +176,10 @@ class TableAnnounce(Message):
     """Newly ready node → its routing-table entries: I exist, here is the RTT I measured."""
 
     rtt_s: float  # measured by the sender; < 0 when unknown
+    #: the sender's routing row that the receiver belongs to, with RTT hints: candidates for
+    #: the receiver's own table (FreePastry ``broadcastRows``: a joiner sends row i to row i)
+    entries: Handles = ()
+    rtts: Hints = ()
 
 
 @register(41)
@@ -162,6 +199,9 @@ class NearbyReply(Message):
     nonce: int
     row: int
     entries: Handles
+    rtts: Hints = ()  # the replier's RTT to each entry (hints)
+    #: routing rows the replier holds (highest populated row + 1): where the walk starts
+    depth: int = 0
 
 
 def check_handles(items: object) -> tuple[NodeHandle, ...]:
@@ -172,3 +212,22 @@ def check_handles(items: object) -> tuple[NodeHandle, ...]:
         if type(h) is not NodeHandle or not isinstance(h.id, NodeId):
             raise ValueError(f"not a NodeHandle: {h!r}")
     return tuple(items)
+
+
+def check_hints(rtts: object, n: int) -> tuple[float, ...]:
+    """Validate the RTT hints of ``n`` entries from the network: empty (no hints) or one number
+    per entry. Non-finite or negative values read as unknown (-1), large ones are clamped to
+    :data:`MAX_HINT_S` (numbers from the wire are clamped). Malformed → ValueError."""
+    if not isinstance(rtts, tuple | list):
+        raise ValueError(f"expected a tuple of RTT hints, got {type(rtts).__name__}")
+    if not rtts:
+        return ()
+    if len(rtts) != n:
+        raise ValueError(f"{len(rtts)} RTT hints for {n} entries")
+    out = []
+    for v in rtts:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"not an RTT hint: {v!r}")
+        f = float(v)
+        out.append(-1.0 if math.isnan(f) or f < 0.0 else min(f, MAX_HINT_S))
+    return tuple(out)

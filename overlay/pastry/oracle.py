@@ -27,13 +27,19 @@ nodes). With the ids sorted:
 
 The result is what joins plus periodic row exchange converge to, give or take the sampling.
 Every core is marked ready. No message is sent, no timer armed (the driver calls ``start()``).
+
+:func:`table_quality` is the brute-force check of any ring's tables, however built: for each
+examined node and slot, the live candidate with the lowest RTT, against the entry held (what
+``flockring bench pastry --slots`` reports and tests/test_pastry_pns.py asserts on).
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import attrs
 
 from overlay.handle import NodeHandle
 from overlay.ids import ID_BITS
@@ -181,3 +187,81 @@ def _refine(
                 break
             nxt = ytab.rows[lcp][(x >> (ID_BITS - (lcp + 1) * b)) & mask]  # type: ignore[index]
             y = nxt
+
+
+@attrs.frozen
+class RowQuality:
+    """How a routing-table row compares with the best possible entry of each slot."""
+
+    #: the row index
+    row: int
+    #: slots for which at least one live candidate exists (over the nodes examined)
+    slots: int
+    #: such slots left empty
+    empty: int
+    #: filled slots whose entry has the lowest RTT of all candidates (ties count)
+    best: int
+    #: filled slots whose entry's RTT is at most 1.5 times the best candidate's
+    within_1_5: int
+    #: filled slots whose entry is not a live node (stale)
+    stale: int
+    #: sum over filled slots of (entry RTT - best RTT), seconds
+    excess_s: float
+
+    @property
+    def filled(self) -> int:
+        """Filled slots that hold a live node."""
+        return self.slots - self.empty - self.stale
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Counts and the derived fractions (best, within 1.5x) and mean excess in ms."""
+        f = max(1, self.filled)
+        return {
+            "row": self.row,
+            "slots": self.slots,
+            "empty": self.empty,
+            "stale": self.stale,
+            "best_fraction": round(self.best / f, 4),
+            "within_1_5x_fraction": round(self.within_1_5 / f, 4),
+            "excess_ms_mean": round(self.excess_s / f * 1e3, 3),
+        }
+
+
+def table_quality(
+    cores: Sequence[PastryCore], rtt_s: RttFn, examined: Sequence[PastryCore]
+) -> list[RowQuality]:
+    """Brute-force oracle of proximity neighbour selection: for every node in ``examined`` and
+    every slot of its routing table, the live candidate (among ``cores``) with the lowest
+    ``rtt_s``, compared with the entry the node holds. O(len(examined) * len(cores)) RTT calls.
+    """
+    live = {c.handle for c in cores}
+    acc: dict[int, list[float]] = {}
+    for x in examined:
+        table = x.table
+        me = x.handle
+        best: dict[tuple[int, int], float] = {}
+        for y in cores:
+            slot = table.slot_of(y.id)
+            if slot is None:
+                continue
+            d = rtt_s(me, y.handle)
+            if d < best.get(slot, _INF):
+                best[slot] = d
+        for (row, col), bd in best.items():
+            a = acc.setdefault(row, [0, 0, 0, 0, 0, 0.0])
+            a[0] += 1
+            e = table.get(row, col)
+            if e is None:
+                a[1] += 1
+                continue
+            if e not in live:
+                a[4] += 1
+                continue
+            d = rtt_s(me, e)
+            a[2] += d <= bd
+            a[3] += d <= 1.5 * bd
+            a[5] += d - bd
+    return [
+        RowQuality(r, int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5])
+        for r, a in sorted(acc.items())
+    ]

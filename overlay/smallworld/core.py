@@ -185,6 +185,10 @@ class SmallWorldCore(KbrCore):
         """Join through ``seeds``; an empty list starts a new ring (ready at once)."""
         _join.begin(self, seeds, on_done)
 
+    def is_joining(self) -> bool:
+        """A first join is under way (a rejoin of a ready node is not: it stays responsible)."""
+        return self.join_state is not None and not self.ready
+
     def rejoin(self) -> None:
         """Ask the original seeds again (an isolated node whose connections all failed)."""
         _join.rejoin(self)

@@ -34,6 +34,8 @@ BENCH_MODULES = (
     "sim_adapter.bench.churn_rss",
     "sim_adapter.bench.churn",
     "sim_adapter.bench.chaos",
+    "sim_adapter.bench.flood",
+    "sim_adapter.bench.fuzz",
 )
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ CHURN_APP = "bench.churn"
 DEFAULT_LOOKUP_RATE = 0.01
 GOAL_CORRECT = 0.9999
 GOAL_CONTROL = 0.5
+#: a root active for less than this is "young" when an incorrect delivery is classified
+_YOUNG_S = 10.0
 
 
 class _Rec:
@@ -123,10 +126,17 @@ class _ChurnRun:
             0,
         )
         self.hops: list[int] = []
+        self.incorrect_causes: Counter[str] = Counter()
+        self.by_type: dict[str, float] = {}
+        self.active_since: dict[int, float] = {}
         self.rdp: list[float] = []
         self.latency_s: list[float] = []
         self.windows: list[dict[str, Any]] = []
-        self.win = {"launched": 0, "correct": 0, "lost": 0}
+        self.win = {"launched": 0}
+        #: correct deliveries and losses by the window their lookup was launched in (a lookup
+        #: launched near a window's end is settled in the next: counted where it started)
+        self.win_correct: Counter[int] = Counter()
+        self.win_lost: Counter[int] = Counter()
 
     # ------------------------------------------------------------------ population
     def attach(self, node: SimNode) -> None:
@@ -134,11 +144,13 @@ class _ChurnRun:
 
     def activate(self, node: SimNode) -> None:
         if node.alive and node.index not in self.pos:
+            self.active_since[node.index] = self.net.now
             self.pos[node.index] = len(self.active)
             self.active.append(node)
 
     def deactivate(self, node: SimNode) -> None:
         i = self.pos.pop(node.index, None)
+        self.active_since.pop(node.index, None)
         if i is None:
             return
         last = self.active.pop()
@@ -198,11 +210,13 @@ class _ChurnRun:
             return
         net = self.net
         self.c["delivered"] += 1
-        if at.id == net.closest_live(int(rec.key)):
+        root = net.closest_live(int(rec.key))
+        if at.id == root:
             self.c["correct"] += 1
-            self.win["correct"] += 1
+            self.win_correct[rec.window] += 1
         else:
             self.c["incorrect"] += 1
+            self.incorrect_causes[self.classify(at, net.node_by_id(int(root)))] += 1
         el = net.now - rec.t0
         self.hops.append(rec.hops)
         self.latency_s.append(el)
@@ -210,6 +224,28 @@ class _ChurnRun:
             direct = net.latency.one_way_s(rec.src.index, at.index)
             if direct > 0:
                 self.rdp.append(el / direct)
+
+    def classify(self, at: SimNode, root: SimNode) -> str:
+        """Why ``at`` delivered a lookup that belonged to ``root``, from ``at``'s state now.
+
+        ``root_young``: the root became active less than ``_YOUNG_S`` ago and ``at`` does not
+        know it yet (a join not yet announced to its neighbours); ``root_unknown``: an older
+        root ``at`` does not know (a leaf set not yet repaired); ``root_suspected``: ``at``
+        knows it but holds it suspected or dead; ``root_excluded``: ``at`` knows it as live,
+        so it was left out by the reroute or loop exclusion of this lookup."""
+        core = at.core
+        rh = root.core.handle
+        if rh in core.prox.bad:
+            return "root_suspected"
+        leaf = getattr(core, "leaf", None)  # Pastry: known, but only in the routing table?
+        if leaf is not None and rh not in leaf.members and rh in set(core.known_nodes()):
+            return "root_not_in_leaf_set"
+        if rh in set(core.known_nodes()):
+            return "root_excluded"
+        since = self.active_since.get(root.index)
+        if since is not None and self.net.now - since < _YOUNG_S:
+            return "root_young"
+        return "root_unknown"
 
     def expire(self, lid: int) -> None:
         rec = self.recs.pop(lid)
@@ -220,7 +256,7 @@ class _ChurnRun:
         else:
             cause = "holder_crashed" if not rec.holder.alive else "dropped"
         self.c[cause] += 1
-        self.win["lost"] += 1
+        self.win_lost[rec.window] += 1
 
     # ------------------------------------------------------------------ windows
     def sample(self, t_prev: float, m_prev: int) -> tuple[float, int]:
@@ -233,16 +269,23 @@ class _ChurnRun:
         self.windows.append(
             {
                 "t_min": bench.r(now / 60.0, 2),
+                "seconds": bench.r(dt, 3),
                 "active": live,
                 "control_msgs_per_s_per_node": bench.r(control / dt / max(1, live), 4),
                 "launched": self.win["launched"],
-                "correct": self.win["correct"],
-                "lost": self.win["lost"],
+                "correct": 0,  # filled in by ``settle_windows``
+                "lost": 0,
             }
         )
         self.hops_in_window = 0
-        self.win = {"launched": 0, "correct": 0, "lost": 0}
+        self.win = {"launched": 0}
         return now, net.message_count
+
+    def settle_windows(self) -> None:
+        """Give each window the outcomes of the lookups launched in it."""
+        for i, w in enumerate(self.windows):
+            w["correct"] = self.win_correct[i]
+            w["lost"] = self.win_lost[i]
 
 
 def _read_trace(path: str) -> list[tuple[float, float]]:
@@ -318,6 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         net.run(warm_s)
         cr.measuring = True
         tp, mp = net.now, net.message_count
+        by_type0 = net.msg_by_type
         cr.hops_in_window = 0
         steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
         for k in range(steps):
@@ -326,6 +370,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             prog(k + 1, steps)
         for lid in list(cr.recs):  # lookups launched too late to time out in the window
             cr.recs.pop(lid)
+        cr.settle_windows()
+        # every message sent while measuring, by class, per active node per second (the
+        # lookups' own RouteMsg/RouteAck included: the breakdown of the control figure)
+        node_s = sum(w["active"] * w["seconds"] for w in cr.windows) or 1.0
+        by_type = net.msg_by_type
+        by_type.subtract(by_type0)
+        cr.by_type = {k: bench.r(v / node_s, 4) for k, v in by_type.most_common() if v > 0}
     return _report(args, net, cr, wall())
 
 
@@ -352,6 +403,8 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "active_mean": bench.r(bench.mean([w["active"] for w in cr.windows]), 1),
         **c,
         "lost": lost,
+        "incorrect_causes": dict(sorted(cr.incorrect_causes.items())),
+        "msgs_per_s_per_node_by_type": cr.by_type,
         "unaccounted": launched - c["delivered"] - lost,
         "correct_fraction": bench.r(correct_frac, 6),
         "hops_mean": bench.r(bench.mean(cr.hops), 3),
