@@ -60,13 +60,15 @@ from discovery.flock_messages import (
     sign_announce,
     verify_announce,
 )
-from discovery.policy import ANNOUNCE_FROM, Peer, Policy, collector_host
+from discovery.policy import ANNOUNCE_FROM, FLOCK_TO, Peer, Policy, collector_host
 from discovery.signing import PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from discovery.willing import WillingEntry, WillingList
 from overlay.errors import ConfigError
 from overlay.handle import NodeHandle
 from overlay.ids import ID_BITS, NodeId
 from overlay.kbr import BaseApplication, KbrCore
+from overlay.pastry.core import PastryCore
+from overlay.pastry.routing_table import RoutingTable
 from overlay.runtime import Timer
 
 __all__ = [
@@ -81,6 +83,7 @@ __all__ = [
 FLOCK_APP = "flock"
 
 _MAX_TEXT = 255  # longest collector / pool name accepted from the network
+_MAX_CONTACTS = 4096  # bound of the per-receiver cache of checked collector contacts
 
 
 class _Origin:
@@ -98,6 +101,16 @@ class _Origin:
         self.k0 = -1
         self.r0 = 0
         self.more: dict[int, int] | None = None
+
+    def reset(self, seq: int, until: float) -> None:
+        # a newer round from this origin: start over (reusing the record saves an allocation
+        # per origin and round on every receiver)
+        self.seq = seq
+        self.until = until
+        self.tailored = False
+        self.k0 = -1
+        self.r0 = 0
+        self.more = None
 
     def seen(self, kind: int) -> int | None:
         if kind == self.k0:
@@ -152,6 +165,14 @@ class Flock(FlockingManager, BaseApplication):
         self.on_decision = on_decision
         self.policy = Policy.allow_all()
         self._hosts: dict[NodeId, str] = {}  # collector hosts learned from verified announcements
+        # what the hot paths need of the policy, derived once per policy object (see _learn)
+        self._learned: Policy | None = None
+        self._uniform = True
+        self._announce_from: bool | None = True
+        self._flock_to: bool | None = True
+        # collector contacts that passed is_valid_contact -> their host (a pure function of
+        # the string, so remembering it changes nothing; bounded against junk)
+        self._contacts: dict[str, str] = {}
         self.set_policy(policy if policy is not None else Policy.allow_all())
         self.stats: Counter[str] = Counter()
         self.willing = WillingList(cfg.rtt_tolerance_s)
@@ -160,6 +181,13 @@ class Flock(FlockingManager, BaseApplication):
         self._dseq = 0
         self._republish = False
         self._pastry = callable(getattr(core, "routing_row", None))
+        # a stock Pastry core's routing_row(i) is table.row(i): read the table's rows directly
+        # instead of asking for each of the 160/b rows, most of them empty, every round
+        self._table: RoutingTable | None = None
+        if getattr(type(core), "routing_row", None) is PastryCore.routing_row:
+            tbl = getattr(core, "table", None)
+            if isinstance(tbl, RoutingTable):
+                self._table = tbl
         b = getattr(getattr(core, "config", None), "b_bits", 4)
         self._nrows = ID_BITS // b if isinstance(b, int) and b > 0 else ID_BITS
         self._seq = -1
@@ -186,8 +214,20 @@ class Flock(FlockingManager, BaseApplication):
                 "machines by idle time (it has no free_machines_idle_for())"
             )
         self.policy = policy
+        self._learn(policy)
         if policy.uniform_offer:
             self._hosts = {}
+
+    def _learn(self, policy: Policy) -> None:
+        # Decisions that do not depend on the peer, precomputed so that the per-message paths
+        # build no Peer when the policy could not tell peers apart (a rule without patterns
+        # answers its default for everyone; flock-to also consults agreements).
+        self._learned = policy
+        self._uniform = policy.uniform_offer
+        af = policy.rule(ANNOUNCE_FROM)
+        self._announce_from = af.default if af.is_trivial else None
+        ft = policy.rule(FLOCK_TO)
+        self._flock_to = ft.default if ft.is_trivial and not policy.agreements else None
 
     def start(self) -> None:
         """Arm the announcement and manager timers (random first phase within a period)."""
@@ -241,6 +281,13 @@ class Flock(FlockingManager, BaseApplication):
         return max(0, int(self.pool.free_machines))
 
     def _rows(self) -> list[tuple[int, list[NodeHandle]]]:
+        tbl = self._table
+        if tbl is not None:
+            return [
+                (r, hs)
+                for r, row in enumerate(tbl.rows)
+                if row is not None and (hs := [h for h in row if h is not None])
+            ]
         if self._pastry:
             rr: Callable[[int], list[NodeHandle]] = self.core.routing_row  # type: ignore[attr-defined]
             return [(r, row) for r in range(self._nrows) if (row := rr(r))]
@@ -263,7 +310,9 @@ class Flock(FlockingManager, BaseApplication):
         pol = self.policy
         free = self._shareable_free()
         public = pol.offer_to(None, free)
-        uniform = pol.uniform_offer
+        if pol is not self._learned:
+            self._learn(pol)
+        uniform = self._uniform
         last = self._last_offer
         last_public = self._last_public
         if public == 0 and not last and last_public == 0 and uniform:
@@ -296,10 +345,28 @@ class Flock(FlockingManager, BaseApplication):
             )
             return sign_announce(m, self.signer) if self.signer is not None else m
 
+        me = self.id
+        if uniform and not last:
+            # every receiver gets the public offer and had last_public before: one message per
+            # row, and no per-receiver bookkeeping
+            if public > 0 or (last_public > 0 and cfg.withdraw):
+                for row, handles in self._rows():
+                    pub_msg: FlockAnnounce | None = None
+                    for h in handles:
+                        if h.id == me:
+                            continue
+                        if pub_msg is None:
+                            pub_msg = make(row, public, None, cfg.ttl)
+                        send(h, pub_msg)
+                        sent += 1
+            self._last_offer = offers
+            self._last_public = public
+            self.stats["sent"] += sent
+            return sent
         for row, handles in self._rows():
-            pub_msg: FlockAnnounce | None = None
+            pub_msg = None
             for h in handles:
-                if h.id == self.id:
+                if h.id == me:
                     continue
                 o = public if uniform else pol.offer_to(self._peer_of(h), free)
                 before = last.get(h.id, last_public)
@@ -323,89 +390,111 @@ class Flock(FlockingManager, BaseApplication):
         return sent
 
     # ------------------------------------------------------------------ receiving side
-    def _bad_shape(self, m: FlockAnnounce) -> bool:
-        o = m.origin
-        return not (
-            type(o) is NodeHandle
-            and isinstance(o.id, NodeId)
-            and isinstance(o.address, (int, str))
-            and 0 <= m.free_machines < 1 << 31
-            and 0 <= m.idle_jobs < 1 << 40
-            and 0.0 <= m.utilization <= 1.0
-            and m.valid_for_s > 0.0
-            and m.issued_at_s == m.issued_at_s  # not NaN
-            and abs(m.issued_at_s) < 1e12
-            and 1 <= m.ttl <= self.config.max_ttl
-            and 0 <= m.hops < m.ttl
-            and 0 <= m.row < self._nrows
-            and m.seq >= 0
-            and len(m.collector) <= _MAX_TEXT
-            and len(m.pool_name) <= _MAX_TEXT
-            and len(m.public_key) in (0, PUBLIC_KEY_BYTES)
-            and len(m.signature) in (0, SIGNATURE_BYTES)
-            and (m.to is None or isinstance(m.to, NodeId))
-        )
-
     def _on_announce(self, src: NodeHandle, m: FlockAnnounce) -> None:
-        st = self.stats
+        # The hot path of a flock simulation (every receiver, every round): attribute lookups
+        # are hoisted into locals and nothing is allocated for a duplicate or a drop.
         if self._stopped:
             return
+        st = self.stats
         st["received"] += 1
+        # shape: types and ranges of every field (inline: a call per message is measurable)
         try:
-            bad = self._bad_shape(m)
+            o = m.origin
+            bad = not (
+                type(o) is NodeHandle
+                and isinstance(o.id, NodeId)
+                and isinstance(o.address, (int, str))
+                and 0 <= m.free_machines < 1 << 31
+                and 0 <= m.idle_jobs < 1 << 40
+                and 0.0 <= m.utilization <= 1.0
+                and m.valid_for_s > 0.0
+                and m.issued_at_s == m.issued_at_s  # not NaN
+                and abs(m.issued_at_s) < 1e12
+                and 1 <= m.ttl <= self.config.max_ttl
+                and 0 <= m.hops < m.ttl
+                and 0 <= m.row < self._nrows
+                and m.seq >= 0
+                and len(m.collector) <= _MAX_TEXT
+                and len(m.pool_name) <= _MAX_TEXT
+                and len(m.public_key) in (0, PUBLIC_KEY_BYTES)
+                and len(m.signature) in (0, SIGNATURE_BYTES)
+                and (m.to is None or isinstance(m.to, NodeId))
+            )
         except (TypeError, AttributeError):
             bad = True
         if bad:
             st["malformed"] += 1
             return
-        if m.collector and not is_valid_contact(m.collector):
-            # it would end up in FLOCK_TO: only host[:port] contacts (no spaces, newlines or
-            # macro syntax) ever reach HTCondor's configuration
-            st["bad_collector"] += 1
-            return
+        c = m.collector
+        host = self._contacts.get(c)
+        if host is None:
+            if c and not is_valid_contact(c):
+                # it would end up in FLOCK_TO: only host[:port] contacts (no spaces, newlines
+                # or macro syntax) ever reach HTCondor's configuration
+                st["bad_collector"] += 1
+                return
+            host = self._remember_contact(c)
         oid = m.origin.id
-        if oid == self.id:
+        me = self.id
+        if oid == me:
             st["own"] += 1
             return
-        if m.to is not None and m.to != self.id:
+        to = m.to
+        if to is not None and to != me:
             st["misdirected"] += 1
             return
-        if self.config.require_signatures or m.signature or m.public_key:
+        cfg = self.config
+        if cfg.require_signatures or m.signature or m.public_key:
             why = verify_announce(m, self._keys)
-            if why is not None and (why != "unsigned" or self.config.require_signatures):
+            if why is not None and (why != "unsigned" or cfg.require_signatures):
                 st[why] += 1
                 return
         now = self.clock()
-        expires = m.issued_at_s + min(m.valid_for_s, self.config.max_validity_s)
+        issued = m.issued_at_s
+        valid = m.valid_for_s
+        expires = issued + (valid if valid < cfg.max_validity_s else cfg.max_validity_s)
         if now >= expires:
             st["expired"] += 1
             return
-        if m.issued_at_s > now + self.config.clock_skew_s:
+        if issued > now + cfg.clock_skew_s:
             st["future"] += 1
             return
-        o = self._origins.get(oid)
-        if o is None or m.seq > o.seq:
-            o = self._origins[oid] = _Origin(m.seq, expires)
-        elif m.seq < o.seq:
+        seq = m.seq
+        og = self._origins.get(oid)
+        if og is None:
+            og = self._origins[oid] = _Origin(seq, expires)
+        elif seq > og.seq:
+            og.reset(seq, expires)
+        elif seq < og.seq:
             st["replayed"] += 1
             return
         remaining = m.ttl - m.hops - 1
-        kind = 2 * m.row + (m.to is not None)
-        prev = o.seen(kind)
+        kind = 2 * m.row + (to is not None)
+        prev = og.r0 if kind == og.k0 else og.seen(kind)
         if prev is not None and prev >= remaining:
             st["duplicate"] += 1
             return
-        o.mark(kind, remaining)
-        if remaining > 0 and m.to is None:
+        og.mark(kind, remaining)
+        if remaining > 0 and to is None:
             self._forward(src, m)
-        host = collector_host(m.collector)
-        if not self.policy.uniform_offer and self._hosts.get(oid) != host:
+        pol = self.policy
+        if pol is not self._learned:
+            self._learn(pol)
+        if not self._uniform and self._hosts.get(oid) != host:
             # host names of the pools we may announce to, for host rules of the sender-side
             # check (kept only while the policy distinguishes receivers)
-            if len(self._hosts) >= 2 * self.config.max_entries:
+            if len(self._hosts) >= 2 * cfg.max_entries:
                 self._hosts.clear()
             self._hosts[oid] = sys.intern(host)  # one string for every node that hears it
-        self._store(m, host, expires, o)
+        self._store(m, host, expires, og)
+
+    def _remember_contact(self, contact: str) -> str:
+        host = sys.intern(collector_host(contact))
+        if type(contact) is str:
+            if len(self._contacts) >= _MAX_CONTACTS:
+                self._contacts.clear()
+            self._contacts[contact] = host
+        return host
 
     def _forward(self, src: NodeHandle, m: FlockAnnounce) -> None:
         out = attrs.evolve(m, hops=m.hops + 1)
@@ -425,9 +514,12 @@ class Flock(FlockingManager, BaseApplication):
     def _store(self, m: FlockAnnounce, host: str, expires: float, o: _Origin) -> None:
         st = self.stats
         wl = self.willing
-        oid = m.origin.id
-        peer = Peer.from_handle(m.origin, host)
-        if not self.policy.allows(ANNOUNCE_FROM, peer):
+        origin = m.origin
+        oid = origin.id
+        allowed = self._announce_from
+        if allowed is None:
+            allowed = self.policy.allows(ANNOUNCE_FROM, Peer.from_handle(origin, host))
+        if not allowed:
             st["denied"] += 1
             wl.remove(oid)
             return

@@ -53,6 +53,10 @@ class FlockingManager:
     _dseq: int
     _republish: bool
     _blacklist: dict[str, float]
+    #: the policy the precomputed flags below were derived from (see ``Flock._learn``)
+    _learned: Policy | None
+    #: the flock-to answer for every peer when the policy cannot tell peers apart, else None
+    _flock_to: bool | None
 
     def set_epoch(self, epoch: int) -> None:
         """A new manager epoch (failover): decisions restart at seq 0 and the next one is
@@ -98,11 +102,16 @@ class FlockingManager:
         now = self.runtime.now()
         out: list[FlockTarget] = []
         pol = self.policy
+        # a policy without flock-to patterns or agreements answers the same for every pool
+        same_for_all = self._flock_to if pol is self._learned else None
         cap = self.config.max_targets
         for e in self.willing.flat(self.clock()):
             if e.free_machines <= 0 or not e.collector or self._is_blacklisted(e, now):
                 continue
-            if not pol.may_flock_to(Peer.from_handle(e.origin, collector_host(e.collector))):
+            if same_for_all is not None:
+                if not same_for_all:
+                    continue
+            elif not pol.may_flock_to(Peer.from_handle(e.origin, collector_host(e.collector))):
                 continue
             out.append(
                 FlockTarget(

@@ -188,11 +188,25 @@ class WillingList:
             for s in self._slots.values():
                 rows.setdefault(s.row, []).append(s)
             tol = self.tolerance_s
+            floor = math.floor
+
+            def key(s: _Slot) -> tuple[int, int, float]:
+                # order_key, inlined (called for every entry of every rebuilt view)
+                rtt = s.rtt_s
+                return (
+                    _UNMEASURED if rtt is None else floor(rtt / tol),
+                    -s.free_machines,
+                    s.tiebreak,
+                )
+
             out: list[tuple[WillingEntry, ...]] = []
             for r in range(max(rows) + 1 if rows else 0):
-                lst = rows.get(r, [])
-                lst.sort(key=lambda s: order_key(s.rtt_s, s.free_machines, s.tiebreak, tol))
-                out.append(tuple(s.snapshot() for s in lst))
+                lst = rows.get(r)
+                if lst is None:
+                    out.append(())
+                    continue
+                lst.sort(key=key)
+                out.append(tuple([s.snapshot() for s in lst]))
             self._view = tuple(out)
         return self._view
 
