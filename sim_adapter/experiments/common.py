@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -30,7 +31,9 @@ __all__ = [
     "add_common_args",
     "dask_executor",
     "interval95",
+    "peak_rss_of",
     "run_replicates",
+    "run_seeded",
     "seeds_of",
     "summary",
     "write_outputs",
@@ -151,6 +154,30 @@ def run_replicates(
         if own:
             ex.shutdown()
         bar.close()
+
+
+def run_seeded(
+    fn: Callable[[int], dict[str, Any]], args: argparse.Namespace, name: str
+) -> tuple[list[int], list[dict[str, Any]], float]:
+    """Run ``fn`` once per seed of the ``add_common_args`` options: (seeds, replicates, wall s).
+
+    Workers are capped at the number of seeds; the progress bar is off under ``--json``."""
+    seeds = seeds_of(args.seed, args.seeds)
+    t0 = time.perf_counter()
+    reps = run_replicates(
+        fn,
+        seeds,
+        workers=min(args.workers, len(seeds)),
+        dask=args.dask,
+        label=f"{name} replicates",
+        progress=None if not args.json else False,
+    )
+    return seeds, reps, time.perf_counter() - t0
+
+
+def peak_rss_of(reps: Iterable[dict[str, Any]]) -> float:
+    """The largest ``peak_rss_mib`` of the replicates and of this process so far (MiB)."""
+    return float(max([r["peak_rss_mib"] for r in reps] + [bench.peak_rss_mib()]))
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:

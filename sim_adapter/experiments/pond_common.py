@@ -31,7 +31,6 @@ __all__ = [
     "crossing",
     "great_circle_km",
     "job_ad",
-    "peak_rss_mib",
     "zipf_pmf",
 ]
 
@@ -138,10 +137,3 @@ def crossing(xs: Sequence[float], a: Sequence[float], b: Sequence[float]) -> flo
             f = 0.0 if l1 == l0 else -l0 / (l1 - l0)
             return math.exp(math.log(xs[i - 1]) + f * (math.log(xs[i]) - math.log(xs[i - 1])))
     return None
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process (MiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

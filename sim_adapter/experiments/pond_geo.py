@@ -22,8 +22,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from discovery.classads import MATCH, JobAd, evaluate
+from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
-from sim_adapter.experiments.pond_common import peak_rss_mib
 from sim_adapter.experiments.pond_geo_model import (
     PHASES,
     REGIONS,
@@ -219,19 +219,9 @@ def _figure(cfg: GeoConfig, rep: dict[str, Any]) -> Any:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the experiment; write outputs; return the document."""
     cfg = GeoConfig(phase_s=args.hours * 3600 / len(PHASES), overlay=args.overlay)
-    seeds = common.seeds_of(args.seed, args.seeds)
-    t0 = time.perf_counter()
-    reps = common.run_replicates(
-        functools.partial(replicate, cfg),
-        seeds,
-        workers=min(args.workers, len(seeds)),
-        dask=args.dask,
-        label=f"{NAME} replicates",
-        progress=None if not args.json else False,
-    )
-    wall = time.perf_counter() - t0
+    seeds, reps, wall = common.run_seeded(functools.partial(replicate, cfg), args, NAME)
     rows = aggregate(cfg, reps)
-    rss = max([r["peak_rss_mib"] for r in reps] + [peak_rss_mib()])
+    rss = common.peak_rss_of(reps)
     doc = {
         "experiment": NAME,
         "source": "Lee et al. 2012 (PonD) §4.4, Fig. 9",

@@ -23,8 +23,8 @@ from collections import defaultdict
 from typing import Any
 
 from discovery.classads import MATCH, ClassAd, JobAd, evaluate
+from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
-from sim_adapter.experiments.pond_common import peak_rss_mib
 from sim_adapter.experiments.pond_jobs_model import (
     SITES,
     JobsConfig,
@@ -268,19 +268,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overlay=args.overlay,
         ring_maintenance=args.ring_maintenance,
     )
-    seeds = common.seeds_of(args.seed, args.seeds)
-    t0 = time.perf_counter()
-    reps = common.run_replicates(
-        functools.partial(replicate, cfg, args.trace),
-        seeds,
-        workers=min(args.workers, len(seeds)),
-        dask=args.dask,
-        label=f"{NAME} replicates",
-        progress=None if not args.json else False,
-    )
-    wall = time.perf_counter() - t0
+    seeds, reps, wall = common.run_seeded(functools.partial(replicate, cfg, args.trace), args, NAME)
     rows = aggregate(cfg, reps)
-    rss = max([r["peak_rss_mib"] for r in reps] + [peak_rss_mib()])
+    rss = common.peak_rss_of(reps)
     doc = {
         "experiment": NAME,
         "source": "Lee et al. 2012 (PonD) §4.3, Fig. 8a-c",

@@ -42,8 +42,9 @@ from typing import Any
 import attrs
 
 from overlay.smallworld import SmallWorldConfig
+from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
-from sim_adapter.experiments.pond_common import crossing, peak_rss_mib
+from sim_adapter.experiments.pond_common import crossing
 
 __all__ = [
     "PONDSIM_OUTPUTS_S",
@@ -370,24 +371,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         analytic_queries=args.analytic_queries,
         flock_trials=args.flock_trials,
     )
-    seeds = common.seeds_of(args.seed, args.seeds)
-    t0 = time.perf_counter()
-    reps = common.run_replicates(
-        functools.partial(replicate, cfg),
-        seeds,
-        workers=min(args.workers, len(seeds)),
-        dask=args.dask,
-        label=f"{NAME} replicates",
-        progress=None if not args.json else False,
-    )
-    wall = time.perf_counter() - t0
+    seeds, reps, wall = common.run_seeded(functools.partial(replicate, cfg), args, NAME)
     rows = aggregate(cfg, reps)
     cross = crossing(
         [r["n"] for r in rows],
         [r["condor_linear_s"] for r in rows],
         [r["cpond_analytic_s"]["mean"] for r in rows],
     )
-    rss = max([r["peak_rss_mib"] for r in reps] + [peak_rss_mib()])
+    rss = common.peak_rss_of(reps)
     doc = {
         "experiment": NAME,
         "source": "Lee et al. 2012 (PonD) §4.1, §4.2.1, Fig. 6, equation 2",

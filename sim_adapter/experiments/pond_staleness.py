@@ -36,9 +36,10 @@ import numpy as np
 
 from discovery.machine import DictProvider, MachineAd, random_machine_ad, zipf_value
 from overlay.smallworld import SmallWorldConfig
+from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
 from sim_adapter.experiments import pond_staleness_model as m
-from sim_adapter.experiments.pond_common import peak_rss_mib, zipf_pmf
+from sim_adapter.experiments.pond_common import zipf_pmf
 
 __all__ = ["NAME", "StalenessConfig", "register", "replicate", "run"]
 
@@ -426,19 +427,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = StalenessConfig(
         workers=args.workers_n, events_n=args.events_n, event_queries=args.event_queries
     )
-    seeds = common.seeds_of(args.seed, args.seeds)
-    t0 = time.perf_counter()
-    reps = common.run_replicates(
-        functools.partial(replicate, cfg),
-        seeds,
-        workers=min(args.workers, len(seeds)),
-        dask=args.dask,
-        label=f"{NAME} replicates",
-        progress=None if not args.json else False,
-    )
-    wall = time.perf_counter() - t0
+    seeds, reps, wall = common.run_seeded(functools.partial(replicate, cfg), args, NAME)
     agg = aggregate(cfg, reps)
-    rss = max([r["peak_rss_mib"] for r in reps] + [peak_rss_mib()])
+    rss = common.peak_rss_of(reps)
     doc = {
         "experiment": NAME,
         "source": "Lee et al. 2012 (PonD) §4.1, §4.2.2, Fig. 7, equations 3-4",
