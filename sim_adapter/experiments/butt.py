@@ -290,17 +290,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("the ideal model has no RTT, so it has no 2003 testbed: use condor")
     cfg = ButtConfig(negotiation_cycle_s=args.cycle_s, job_overhead_s=args.overhead_s)
     mach = machinery_of(args)
-    seeds = common.seeds_of(args.seed, args.seeds)
-    t0 = time.perf_counter()
-    reps = common.run_replicates(
-        functools.partial(replicate, cfg, mach, args.model, testbed, confs),
-        seeds,
-        workers=min(args.workers, len(seeds)),
-        label=f"{name} replicates",
-        progress=None if not args.json else False,
-        dask=args.dask,
+    seeds, reps, wall = common.run_seeded(
+        functools.partial(replicate, cfg, mach, args.model, testbed, confs), args, name
     )
-    wall = time.perf_counter() - t0
     rtts = {
         f"{SITES[a][0]}-{SITES[b][0]}": round(site_rtt_ms(a, b, cfg.rtt_overhead_ms), 1)
         for a in range(4)
