@@ -12,7 +12,8 @@ nodes, which are derived from the ClassAds of the local submission queue", §3.2
   compares, per autocluster, the machines it needs — idle plus running jobs, capped at
   ``max_pond`` — with the pond's members: no pond and idle jobs → form one with ``k`` = idle
   jobs (capped); too few members and idle jobs → grow by the difference (after a round that
-  found nobody, not again before ``grow_backoff_s``); more members than needed → shrink by
+  found nobody, not again before ``grow_backoff_s``, unless this scheduler has since given
+  machines back); more members than needed → shrink by
   members that run nothing; no idle and no running job → release.
 * **Minimum interval** (PonD §3.2.3). Cycles run every ``min_interval_s`` and on
   :meth:`PondScheduler.kick` (a job submitted or finished), but never two within
@@ -189,12 +190,23 @@ class PondScheduler:
         for j in self.source.idle_jobs():
             idle.setdefault(autocluster(j.ad), []).append(j)
         running: Counter[str] = Counter(autocluster(j.ad) for j in self.source.running_jobs())
-        for key in list({*idle, *running, *self.clusters}):
-            self._size(key, idle.get(key, []), running[key], now)
+        freed = False
+        # dict, not set: the order of the clusters' rounds must not depend on string hashing
+        for key in list(dict.fromkeys([*idle, *running, *self.clusters])):
+            freed |= self._size(key, idle.get(key, []), running[key], now)
+        if freed:
+            # Machines this scheduler just gave back are free for its other autoclusters: a
+            # pond that found nobody need not sit out its back-off (it only guards against
+            # re-querying a ring with nothing new to offer). Next cycle, not this one, so the
+            # machines have left the released pond before they are asked again.
+            soon = now + self.config.min_interval_s
+            for c in self.clusters.values():
+                c.next_grow_s = min(c.next_grow_s, soon)
         if self._timer is None and (self.clusters or idle):
             self._timer = rt.call_later(self.config.min_interval_s, self._on_timer)
 
-    def _size(self, key: str, idle: list[QueuedJob], running: int, now: float) -> None:
+    def _size(self, key: str, idle: list[QueuedJob], running: int, now: float) -> bool:
+        """Size the pond of autocluster ``key``; True when it gave machines back."""
         cap = self.config.max_pond
         c = self.clusters.get(key)
         if c is None:
@@ -209,15 +221,15 @@ class PondScheduler:
                     job_id=c.job_id,
                     on_done=lambda r: self._round_done(key, r),
                 )
-            return
+            return False
         if c.pending or c.pond_id is None:
-            return
+            return False
         members = self.pond.members(c.pond_id)
         if not idle and not running:
             self.stats["ponds_released"] += 1
             del self.clusters[key]
             self.pond.release(c.pond_id)
-            return
+            return bool(members)
         neg = self.negotiator
         if neg is not None and idle:
             neg.negotiate(key, members)
@@ -231,6 +243,8 @@ class PondScheduler:
             if free:
                 self.stats["members_shrunk"] += len(free)
                 self.pond.shrink(c.pond_id, members=free)
+                return True
+        return False
 
     def _round_done(self, key: str, r: PondResult) -> None:
         c = self.clusters.get(key)

@@ -155,3 +155,33 @@ def test_cycles_respect_the_minimum_interval() -> None:
     w.net.run(120.0)
     assert len(times) > 3
     assert all(b - a >= 5.0 - 1e-9 for a, b in itertools.pairwise(times))
+
+
+def test_machines_given_back_end_the_grow_back_off() -> None:
+    """An autocluster whose round found nobody (every machine in another cluster's pond) grows
+    as soon as that pond gives its machines back, not after ``grow_backoff_s``."""
+    net = Network(seed=4, latency=Uniform(0.05, 0.3, seed=4))
+    nodes = net.spawn(8, overlay="smallworld", build="oracle")
+    pq.attach(net, seed=4, pond_config=PondConfig())
+    mgr = nodes[0]
+    q = SimulatedJobQueue(mgr.core.runtime)
+    backoff = 10_000.0
+    sched = PondScheduler(
+        pq.pond_app(mgr), q, q, SchedulerConfig(min_interval_s=5.0, grow_backoff_s=backoff)
+    )
+    q.on_change = sched.kick
+    every = (
+        "[ Requirements = TARGET.Memory > 0; Rank = 0 ]",
+        "[ Requirements = TARGET.Memory > 0 ]",
+    )
+    first = [q.submit(every[0], 40.0) for _ in range(len(nodes))]  # takes the whole ring
+    late = [q.submit(every[1], 10.0) for _ in range(3)]
+    sched.start()
+    net.run(500.0)
+    ended = {job_id: (t0, t1) for job_id, _, t0, t1 in q.runs}
+    assert set(ended) == {*first, *late}  # every job ran, the late cluster too
+    # the late cluster's first round found nobody: it started only once the first pond shrank
+    assert min(ended[j][0] for j in late) >= min(ended[j][1] for j in first)
+    assert max(ended[j][1] for j in late) < backoff
+    net.run(60.0)
+    assert not sched.clusters and not sched.pond.ponds
