@@ -68,9 +68,9 @@ def test_queue_driven_ponds_across_processes(procs: list[subprocess.Popen[str]])
         "1",
         "--until-empty",
         "--duration",
-        "50",
+        "90",
         "--json",
-        timeout=120,
+        timeout=150,
     )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
