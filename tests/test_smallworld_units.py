@@ -362,7 +362,8 @@ def test_crashed_near_neighbours_are_detected_and_replaced() -> None:
         assert isinstance(addr, int)
         net.dead.add(addr)
         v.stop()
-    net.run(90.0)
+    # a dead shortcut is found by its idle ping: within one shortcut idle period and a probe
+    net.run(SmallWorldConfig().shortcut_idle_ping_s + 30.0)
     live = [c for c in net.cores if c.handle.address not in net.dead]
     assert sum(near_victims[id(c)] for c in live) > 0  # the crash did hit near connections
     for c in live:

@@ -33,6 +33,10 @@ def _positive(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"SmallWorldConfig.{attr.name} must be > 0, got {value!r}")
 
 
+def _default_proximity() -> ProximityConfig:
+    return ProximityConfig(probe_retries=2)
+
+
 @attrs.frozen
 class SmallWorldConfig:
     """Knobs of the Brunet/Symphony-style ring. Defaults cite where they come from."""
@@ -56,24 +60,41 @@ class SmallWorldConfig:
     #: period of the maintenance tick (trim, repair, shortcut top-up, idle pings). Brunet's
     #: overlords run on the node heartbeat and retry every 10 s; half that keeps repair fast.
     maintenance_interval_s: float = attrs.field(default=5.0, validator=_positive)
-    #: every node sends its near window to its near neighbours this often (Brunet's neighbour
-    #: status exchange; Chord's stabilize/notify). It keeps the ring converging and doubles as
-    #: the keep-alive of near connections. Ours: 4 lists per node per period (0.2 msg/s/node
-    #: at 20 s) keep maintenance within 0.5 msg/s/node with the shortcut pings.
+    #: every node sends its near window to its closest near neighbours this often (Brunet's
+    #: neighbour status exchange; Chord's stabilize/notify, which likewise talks to the
+    #: successor only). It keeps the ring converging and doubles as the keep-alive of those
+    #: connections. Ours: 2 lists per node per period (0.1 msg/s/node at 20 s).
     near_exchange_s: float = attrs.field(default=20.0, validator=_positive)
+    #: the periodic list goes to this many closest near neighbours on each side (a change of
+    #: the window is still pushed to all of it). Ours: 1, as Chord's stabilize: the farther
+    #: near neighbours are watched through the lists of the closest one, which names them
+    #: (one that stops naming a node it should hold has dropped it: we probe it at once), and
+    #: pinged after ``outer_idle_ping_s`` of silence. Halves the periodic lists (measured under
+    #: churn at N = 2,000: docs/smallworld.md, "Maintenance"). ``near_per_side``: every member.
+    exchange_per_side: int = attrs.field(default=1, validator=_at_least(1))
     #: a change of the near window is pushed to the near neighbours this long after it (a
     #: join changes the window several times within one round trip: one push covers them).
     near_push_delay_s: float = attrs.field(default=0.2, validator=_positive)
-    #: a near connection silent for this long is pinged. Ours: one exchange period plus one
-    #: tick, so a live neighbour's periodic list always comes first and only a silent (failed,
-    #: or one-sided) neighbour costs a ping. With the probe retries this bounds failure
-    #: detection of a near neighbour (docs/smallworld.md, "Maintenance").
-    idle_ping_s: float = attrs.field(default=25.0, validator=_positive)
-    #: a shortcut silent for this long is pinged (Brunet edge keep-alive). Ours, five times the
-    #: old 15 s: a dead shortcut costs one rerouted hop (per-hop acks), never a wrong delivery,
-    #: and the pings of ~0.5·log2 N shortcuts per node are the larger part of the maintenance
-    #: budget (0.19 msg/s/node at N = 10^4). A dead shortcut is still gone within ~1.5 min.
-    shortcut_idle_ping_s: float = attrs.field(default=75.0, validator=_positive)
+    #: a near connection silent for this long is pinged. Ours: one exchange period plus 2 s
+    #: (the periodic lists leave on the sender's tick, exactly one period apart, and arrive
+    #: within one one-way delay, < 1 s on the transit-stub model), so a live neighbour's list
+    #: always comes first and only a silent (failed, or one-sided) neighbour costs a ping.
+    #: With the probe retries this bounds failure detection of a near neighbour
+    #: (docs/smallworld.md, "Maintenance").
+    idle_ping_s: float = attrs.field(default=22.0, validator=_positive)
+    #: a near connection that gets no periodic list from us (beyond ``exchange_per_side``) is
+    #: pinged after this long of silence. Ours: a safety net only — its failure is normally
+    #: seen first in the lists of the near neighbour between us, which drops it from its
+    #: window within ``idle_ping_s`` plus a probe of the crash, and when a closer neighbour on
+    #: its side is suspected it is probed at once (correlated failures).
+    outer_idle_ping_s: float = attrs.field(default=60.0, validator=_positive)
+    #: a shortcut silent for this long is pinged (Brunet edge keep-alive, 15 s there). Ours,
+    #: eight times that: a dead shortcut costs one rerouted hop (per-hop acks), never a wrong
+    #: delivery, and the pings of ~0.5·log2 N shortcuts per node are the larger part of the
+    #: maintenance budget (0.19 msg/s/node at N = 10^4 with 75 s). Ping + Pong under churn at
+    #: N = 2,000 fell from 0.18 to 0.14 msg/s/node with this and the outer near neighbours'
+    #: longer idle period (docs/smallworld.md). A dead shortcut is gone within ~2-2.5 min.
+    shortcut_idle_ping_s: float = attrs.field(default=120.0, validator=_positive)
     #: run a near-repair walk on each side this often even when nothing looks wrong (a safety
     #: net under the near-list exchange; repairs after a failure walk at once).
     stabilize_interval_s: float = attrs.field(default=300.0, validator=_positive)
@@ -84,6 +105,10 @@ class SmallWorldConfig:
     join_retries: int = attrs.field(default=4, validator=_at_least(0))
     #: after the join reply, wait at most this long for the near neighbours' LinkAcks.
     join_link_timeout_s: float = attrs.field(default=3.0, validator=_positive)
+    #: routed messages a joining node keeps while its links are being acknowledged (about one
+    #: round trip), to handle once it is ready; more are handled at once (sent back). Ours: a
+    #: joiner is known only to its near neighbours then, so few messages reach it.
+    max_held_while_joining: int = attrs.field(default=64, validator=_at_least(0))
     #: largest node list accepted in a reply (ours: bigger ones are malformed input).
     max_reply_nodes: int = attrs.field(default=32, validator=_at_least(1))
     #: run the periodic maintenance tick at all (huge oracle-built benchmarks may turn it off:
@@ -91,8 +116,12 @@ class SmallWorldConfig:
     maintenance_enabled: bool = True
     #: routing reliability (per-hop acks, retransmits, reroutes) shared with Pastry.
     kbr: KbrConfig = attrs.Factory(KbrConfig)
-    #: RTT estimation and the ALIVE/SUSPECTED/DEAD failure detector.
-    proximity: ProximityConfig = attrs.Factory(ProximityConfig)
+    #: RTT estimation and the ALIVE/SUSPECTED/DEAD failure detector. Ours: two probe retries
+    #: (7 RTOs to DEAD instead of 15). A near neighbour is probed only after its periodic list
+    #: failed to come, so the silence is evidence already; declaring a crash sooner shortens
+    #: both the time its keys are misrouted and the time a lookup's holder waits on it
+    #: (docs/smallworld.md, "Maintenance"). Three unanswered tries at 5 % loss: ~1e-3.
+    proximity: ProximityConfig = attrs.Factory(_default_proximity)
 
     @property
     def near_window(self) -> int:

@@ -19,13 +19,17 @@ Brunet's StructuredNode with its near and shortcut connection overlords):
   a shortcut routes one to a Kleinberg-drawn target; near repair walks neighbour-of-neighbour
   queries and falls back to routing one to its own id (``maintenance.py``).
 * **Stabilization** (``exchange.py``): every node sends its near window to its near neighbours
-  whenever it changes and every 20 s; they link what they were missing and answer with what
-  the sender is missing. This is what makes concurrent joins converge, and the lists are the
-  keep-alive of near connections.
+  whenever it changes, and every 20 s to the closest one on each side; they link what they were
+  missing and answer with what the sender is missing. This is what makes concurrent joins
+  converge, and the lists are the keep-alive of the closest neighbours.
 * **Maintenance** (``maintenance.py``) runs on one timer per node: top up / trim shortcuts,
-  the periodic near-list round, ping connections that stayed silent (near 25 s, shortcuts 75 s),
-  a repair walk every 300 s as a safety net. Failures come from the proximity failure detector
-  (ALIVE → SUSPECTED → DEAD) through :meth:`_on_peer_dead`.
+  the periodic near-list round, ping connections that stayed silent (closest neighbours 22 s,
+  outer near 60 s, shortcuts 120 s), a repair walk every 300 s as a safety net. Failures come
+  from the proximity failure detector (ALIVE → SUSPECTED → DEAD) through :meth:`_on_peer_dead`.
+* **Routing under churn** (``routing.py``): a joining node holds what reaches it until it is
+  ready, a second copy made by a lost ack is routed greedily again instead of as a loop, and
+  messages in flight go to an avoided next hop that proves alive, or on from one declared
+  dead, at once.
 """
 
 from __future__ import annotations
@@ -42,14 +46,17 @@ from overlay.runtime import Runtime, Timer
 from overlay.smallworld import exchange as _xch
 from overlay.smallworld import join as _join
 from overlay.smallworld import maintenance as _mnt
+from overlay.smallworld import routing as _rt
 from overlay.smallworld.config import SmallWorldConfig
 from overlay.smallworld.connections import ConnectionTable
 from overlay.smallworld.estimate import desired_shortcuts, ttl_hops
 from overlay.smallworld.messages import (
     JOIN,
     KINDS,
+    LEFT,
     LINK_APP,
     NEAR,
+    RIGHT,
     SHORTCUT,
     SIDES,
     ConnectReply,
@@ -232,8 +239,21 @@ class SmallWorldCore(KbrCore):
     # ------------------------------------------------------------------ KBR API
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
         """Greedy routing over the connection table: the live connection closest to ``key``, or None
-        when this node is closer than every one."""
-        return self.table.next_hop(key, self.prox.bad, exclude)
+        when this node is closer than every one.
+
+        Suspected connections are skipped while another closer one is live; when every closer
+        connection is suspected but not yet declared DEAD, the closest of them is the next hop
+        all the same (the engine retransmits to it until it acks or its probe ends): under
+        loss a suspected node is mostly a live one whose datagram was lost, and delivering
+        here in its place was the ``root_suspected`` incorrect delivery."""
+        prox = self.prox
+        bad = prox.bad
+        nh = self.table.next_hop(key, bad, exclude)
+        if nh is None and bad:
+            dead = {h for h in bad if prox.is_dead(h)}
+            if len(dead) < len(bad):
+                nh = self.table.next_hop(key, dead, exclude)
+        return nh
 
     def _live(self) -> list[NodeHandle]:
         bad = self.prox.bad
@@ -290,7 +310,21 @@ class SmallWorldCore(KbrCore):
             if self.kbr_config.hop_acks and src != self.handle:
                 self.runtime.send(src, RouteAck(msg.msg_id))
             return
+        if _rt.parallel_copy(self, src, msg):
+            return
+        limit = self.config.max_held_while_joining
+        if _rt.hold_while_joining(self, self.join_state, limit, src, msg):
+            return
         super()._on_route(src, msg)
+
+    def release_held(self, held: list[tuple[NodeHandle, RouteMsg]]) -> None:
+        """Route the messages held while the join was linking (it has ended, or failed and is
+        starting over): delivered here when we are responsible now, else sent on — or back to
+        the previous hop while we are still joining (the engine's loop rule takes it on from
+        there). Each is acked a second time, which the previous hop ignores."""
+        for src, msg in held:
+            if not self.stopped:
+                super()._on_route(src, msg)
 
     def _learn(self, h: NodeHandle) -> None:
         """A node that routed through us: link it if it belongs in our near window."""
@@ -301,25 +335,38 @@ class SmallWorldCore(KbrCore):
         self.link(h, NEAR)
 
     def _on_peer_dead(self, h: NodeHandle) -> None:
+        if self._pending:
+            _rt.reroute_waiting_on(self, h)  # ``h`` is in ``prox.bad`` now: routing avoids it
         t = self.table
         if h not in t:
             return
         was_near = t.is_near(h)
         was_out = h in t.out
         before = self._near_snapshot()
+        right = t.right()
+        side_id, side = (RIGHT, right) if h in right else (LEFT, t.left())
         t.remove(h)
         self.stats["connections_lost"] += 1
         self._near_changed(before)
         if was_near:
-            _mnt.repair_near(self)
+            # The push of the changed window (``_near_changed``) asks the near neighbours left
+            # on that side, which answer with the node that fills the gap. Only when none of
+            # them is left alive does that side need a walk (its new window members are
+            # shortcuts, which may know nobody near us).
+            bad = self.prox.bad
+            if not any(x != h and x in t and x not in bad for x in side):
+                _mnt.repair_near(self, (side_id,))
         if was_out and self.ready:
             _mnt.check_shortcuts(self)
         _mnt.check_isolated(self)
 
     def _on_peer_alive(self, h: NodeHandle) -> None:
-        """A peer we had given up on spoke again: take it back if it is a near neighbour."""
+        """A peer we had given up on spoke again: take it back if it is a near neighbour, and
+        send it the messages that avoid it only because it was silent."""
         if h not in self.table and self.table.fits_near(h.id):
             self.link(h, NEAR)
+        if self._pending:
+            _rt.retry_through(self, h)
 
     # ------------------------------------------------------------------ connection changes
     def ensure_link_app(self) -> None:

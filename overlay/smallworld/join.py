@@ -156,11 +156,21 @@ def _link_timeout(core: SmallWorldHost, token: int) -> None:
     _finish(core, True)
 
 
+def _release(core: SmallWorldHost, st: JoinState) -> None:
+    """Route the messages held during LINKING: delivered here if we are ready now, else (still
+    joining) sent back to their previous hops, which route them on avoiding us."""
+    held = st.held
+    st.held = None
+    if held:
+        core.release_held(held)
+
+
 def _attempt_failed(core: SmallWorldHost, token: int) -> None:
     """No candidate acknowledged a link: forget them and ask the next seed (or fail)."""
     st = core.join_state
     assert st is not None
     core.stats["join_no_link"] += 1
+    _release(core, st)
     for h in list(st.pending):
         core.drop(h, NEAR)
     st.pending = set()
@@ -170,9 +180,11 @@ def _attempt_failed(core: SmallWorldHost, token: int) -> None:
 
 def _finish(core: SmallWorldHost, ok: bool) -> None:
     st = core.join_state
-    core.join_state = None
     if st is None:
         return
+    if not ok:
+        _release(core, st)  # still joining: they go back the way they came
+    core.join_state = None
     if st.timer is not None:
         st.timer.cancel()
     if ok:
@@ -182,9 +194,12 @@ def _finish(core: SmallWorldHost, ok: bool) -> None:
         exchange.push_near(core)  # ask the new neighbours for the nodes we still miss
         maintenance.check_shortcuts(core)
         if was_ready:
+            _release(core, st)
             return
     if st.on_done is not None:
         st.on_done(ok)
+    if ok:
+        _release(core, st)  # active now (the callback told the world): ours are delivered here
 
 
 def cancel(core: SmallWorldHost) -> None:

@@ -11,15 +11,18 @@ Every ``maintenance_interval_s`` a ready node
    lands in the near window is wasted and redrawn on a later tick. More than
    ``wanted + shortcut_slack`` own shortcuts → the suspected and longest-silent are dropped
    (Unlink);
-2. **exchanges near lists** every ``near_exchange_s`` (20 s): its near window goes to each near
-   neighbour, which links what it was missing and answers with what we are missing
-   (:mod:`overlay.smallworld.exchange`: what makes concurrent joins converge, and the
-   keep-alive of near connections);
-3. **pings idle connections**: a near connection not heard from for ``idle_ping_s`` (25 s: a
-   live neighbour's periodic list arrives first) or a shortcut silent for
-   ``shortcut_idle_ping_s`` (75 s) gets a proximity probe; no answer after the RFC 6298
-   retries → DEAD → the core drops it, repairs its near window at once and replaces a lost
-   shortcut. Any message from a peer (lists, routed traffic, acks) counts as hearing it;
+2. **exchanges near lists** every ``near_exchange_s`` (20 s): its near window goes to the
+   closest near neighbour on each side, which links what it was missing and answers with what
+   we are missing (:mod:`overlay.smallworld.exchange`: what makes concurrent joins converge,
+   and the keep-alive of those connections);
+3. **pings idle connections**: a closest neighbour not heard from for ``idle_ping_s`` (22 s: a
+   live neighbour's periodic list arrives first), an outer near neighbour silent for
+   ``outer_idle_ping_s`` (60 s; 22 s while a closer one on its side is suspected) or a
+   shortcut silent for ``shortcut_idle_ping_s`` (120 s) gets a proximity probe; no answer
+   after the RFC 6298 retries → DEAD → the core drops it, pushes its changed window (the
+   neighbours left on that side answer with the node that fills the gap) and replaces a lost
+   shortcut. Any message from a peer (lists, routed traffic, acks) counts as hearing it. When
+   every near neighbour of a side is suspected, a repair walk goes out at once;
 4. **stabilizes** every ``stabilize_interval_s`` (300 s): a NearQuery walk on each side, a
    safety net under the exchange.
 
@@ -67,7 +70,7 @@ def tick(core: SmallWorldHost) -> None:
     check_shortcuts(core)
     if now >= core.next_exchange:
         core.next_exchange = now + core.config.near_exchange_s
-        exchange.push_near(core)
+        exchange.push_near(core, periodic=True)
         exchange.expire_proposals(core, now)
         core.prox.expire_dead()
     ping_idle(core, now)
@@ -133,8 +136,11 @@ def check_isolated(core: SmallWorldHost) -> None:
 
 def ping_idle(core: SmallWorldHost, now: float) -> None:
     """Probe every connection silent for its idle period (Brunet edge keep-alive): ``idle_ping_s``
-    for the near window, whose members send us their lists every ``near_exchange_s`` anyway,
-    ``shortcut_idle_ping_s`` for the rest.
+    for the closest neighbours, which send us their lists every ``near_exchange_s`` anyway;
+    ``outer_idle_ping_s`` for the rest of the near window, watched through those lists
+    (``idle_ping_s`` while a near neighbour on their side is suspected, as for the connections
+    next in line); ``shortcut_idle_ping_s`` for the rest. A side whose near neighbours are all
+    suspected gets a repair walk now.
 
     A connection we never exchanged a probe with has no liveness record yet. A near one is
     pinged at once: its first RTT sample sets the timeout with which its failure would be
@@ -154,27 +160,47 @@ def ping_idle(core: SmallWorldHost, now: float) -> None:
     conns = core.table.all
     n = len(conns)
     k = cfg.near_per_side
+    e = min(cfg.exchange_per_side, k)
     near_idle = cfg.idle_ping_s
-    # A suspected near neighbour is probably gone, and the connections next in line on its side
-    # will take its place: check those now too (if silent), in parallel with its probe, so that
-    # after correlated failures the window is not refilled with nodes that failed as well.
-    right_next = left_next = False
-    if bad and n > 2 * k:
-        right_next = any(h in bad for h in conns[:k])
-        left_next = any(h in bad for h in conns[n - k :])
-    for i, h in enumerate(conns):
-        p = peers.get(h)
-        if n <= 2 * k or i < k or i >= n - k:  # the near window
+    outer_idle = max(near_idle, cfg.outer_idle_ping_s)
+    if n <= 2 * k:  # a tiny ring: everything is near, and cheap
+        for h in conns:
+            p = peers.get(h)
             if p is None or now - p.last_heard >= near_idle:
                 prox.probe(h)
+        return
+    # A suspected near neighbour is probably gone, and the connections next in line on its side
+    # will take its place: check those now too (if silent), in parallel with its probe, so that
+    # after correlated failures the window is not refilled with nodes that failed as well. The
+    # same alarm brings the outer near neighbours of that side down to the short idle period.
+    right_alarm = left_alarm = False
+    if bad:
+        right_alarm = any(h in bad for h in conns[:k])
+        left_alarm = any(h in bad for h in conns[n - k :])
+        # Every near neighbour of a side suspected (two neighbours failed together): the nodes
+        # beyond them are unknown to us, and their keys would be delivered here until the
+        # probes end. Walk for them now rather than when the probes declare them dead.
+        for side, members in ((RIGHT, conns[:k]), (LEFT, conns[n - k :])):
+            if all(h in bad for h in members):
+                core.stats["near_side_walks"] += 1
+                walk_near(core, (side,))
+    for i, h in enumerate(conns):
+        p = peers.get(h)
+        right = i < 2 * k
+        left = i >= n - 2 * k
+        if i < e or i >= n - e:  # closest neighbours: they send us their lists
+            limit = near_idle
+        elif i < k or i >= n - k:  # outer near: watched through the closest one's lists
+            limit = near_idle if (right and right_alarm) or (left and left_alarm) else outer_idle
+        elif (right and right_alarm) or (left and left_alarm):  # next in line
+            limit = near_idle
+        else:
+            limit = cfg.shortcut_idle_ping_s
+            last = p.last_heard if p is not None else started - limit * i / n
+            if now - last >= limit:
+                prox.probe(h)
             continue
-        next_in_line = (right_next and i < 2 * k) or (left_next and i >= n - 2 * k)
-        if next_in_line and (p is None or now - p.last_heard >= near_idle):
-            prox.probe(h)
-            continue
-        limit = cfg.shortcut_idle_ping_s
-        last = p.last_heard if p is not None else started - limit * i / n
-        if now - last >= limit:
+        if p is None or now - p.last_heard >= limit:
             prox.probe(h)
 
 

@@ -22,14 +22,15 @@ Theory of operation (Brunet's linking protocol, simplified to datagrams; PonD §
   the common case — refilling the second near connection — takes two hops; a wide gap left
   by several failures is crossed by shortcuts.
 * ``NearList`` is the neighbour exchange (Brunet's status exchange between near neighbours):
-  a node sends its near window to its near neighbours whenever the window changes and every
-  ``near_exchange_s``. The receiver links the nodes that belong in its own window — the sender
-  at once (it is the authenticated sender), the others only once they acknowledged a ``Link``
+  a node sends its near window to its near neighbours whenever the window changes, and every
+  ``near_exchange_s`` to the closest one on each side. The receiver links the nodes that
+  belong in its own window — the sender at once (it is the authenticated sender), the others
+  only once they acknowledged a ``Link``
   (hearsay must not put unreachable handles in a table) — and, when ``ask`` is set and it
   knows nodes that belong in the sender's window but are missing from the list, answers with
   a ``NearList`` of its own (``ask`` clear, so exchanges end). Each list echoes the last
-  stamp the sender got from the receiver, so near neighbours measure their RTT from the lists
-  (TCP's timestamp echo, RFC 7323 §4) and need no pings while both are alive.
+  stamp the sender got from the receiver, so the closest neighbours measure their RTT from the
+  lists (TCP's timestamp echo, RFC 7323 §4) and need no pings while both are alive.
 """
 
 from __future__ import annotations

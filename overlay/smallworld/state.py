@@ -18,6 +18,7 @@ from typing import Protocol
 
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
+from overlay.kbr import RouteMsg
 from overlay.proximity import Proximity
 from overlay.runtime import Runtime, Timer
 from overlay.smallworld.config import SmallWorldConfig
@@ -29,7 +30,17 @@ __all__ = ["JoinState", "SmallWorldHost"]
 class JoinState:
     """Progress of one join (allocated only while joining)."""
 
-    __slots__ = ("attempt", "linking", "offset", "on_done", "pending", "seeds", "timer", "token")
+    __slots__ = (
+        "attempt",
+        "held",
+        "linking",
+        "offset",
+        "on_done",
+        "pending",
+        "seeds",
+        "timer",
+        "token",
+    )
 
     def __init__(
         self,
@@ -45,6 +56,9 @@ class JoinState:
         self.linking = False
         self.pending: set[NodeHandle] = set()
         self.timer: Timer | None = None
+        #: routed messages that reached us while our links were being acknowledged, handled
+        #: once the join ends (created on first use)
+        self.held: list[tuple[NodeHandle, RouteMsg]] | None = None
 
 
 class SmallWorldHost(Protocol):
@@ -107,6 +121,9 @@ class SmallWorldHost(Protocol):
 
     def rejoin(self) -> None:
         """Join again through the last seeds (isolated node)."""
+
+    def release_held(self, held: list[tuple[NodeHandle, RouteMsg]]) -> None:
+        """Route the messages held while the join was linking, now that it ended."""
 
 
 #: signature of a join completion callback
