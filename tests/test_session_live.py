@@ -3,7 +3,8 @@
 * A swarm whose nodes handshake with every peer they hear from routes every key to the oracle's
   node, carries its traffic on session records and drops nothing.
 * Records captured on the wire are refused when replayed to their receiver (same session), to
-  another node, and after the session was replaced by a new one.
+  another node, and after the session was replaced by a new one; so are pair frames (replayed,
+  misdirected, re-addressed, tampered).
 * Sessions that expire and rekey every few seconds under steady traffic lose no routed message
   and no lookup.
 * A peer that restarts with the same identity (new process state, same address) is handshaken
@@ -27,12 +28,15 @@ from overlay.live.node import Endpoint, Node
 from overlay.testing import Swarm, open_swarm
 from transports import MemoryNetwork, Transport, open_tcp, open_udp
 from transports.memory import MemoryTransport
+from transports.pair import PAIR
 from transports.session import DATA, SessionConfig, Sessions
 
-EAGER = SessionConfig(handshake_after_frames=1)
+#: a handshake with every peer heard from, whether its frames were signed or pair frames
+EAGER = SessionConfig(handshake_after_frames=1, handshake_after_pair_frames=1)
 #: lifetimes of a few seconds, so a minute of traffic crosses many rekeys and expiries
 SHORT = SessionConfig(
     handshake_after_frames=1,
+    handshake_after_pair_frames=1,
     rekey_after_s=3.0,
     expire_after_s=6.0,
     send_margin_s=1.0,
@@ -198,6 +202,50 @@ async def test_replayed_records_are_refused_in_the_same_session_elsewhere_and_la
         assert b.stats["session.established"] >= est + 1
         got = await replay(b)
         assert got["unknown_session"] + got["expired"] + got["replayed"] == len(captured)
+        await nothing_delivered()
+
+
+async def test_replayed_pair_frames_are_refused_by_their_receiver_and_elsewhere(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # no sessions: traffic between members rides on pair frames once their keys are known
+    cfg = SessionConfig(handshake_after_frames=10**6)
+    async with three_nodes(cfg, seed=6) as (net, tap, (a, b, c)):
+        ea, eb, ec = a.application("x"), b.application("x"), c.application("x")
+        await exchange(ea, eb, b, 3, "warm")
+        tap.sent.clear()
+        await exchange(ea, eb, b, 10, "capture")
+        captured = [f for addr, f in tap.sent if addr == b.address and f[0] == PAIR]
+        assert len(captured) >= 10  # the direct messages went as pair frames
+        assert b.stats.get("session.held", 0) == 0
+        attacker = net.endpoint()
+
+        async def replay(to: Node, frames: list[bytes]) -> Counter[str]:
+            before = totals([to], "auth.")
+            for f in frames:
+                attacker.send_nowait(to.address, f)
+            await trio.sleep(1)
+            return totals([to], "auth.") - before
+
+        async def nothing_delivered() -> None:
+            for ep in (eb, ec):
+                with trio.move_on_after(1):
+                    d = await ep.receive()
+                    raise AssertionError(f"a replayed frame was delivered: {d}")
+
+        got = await replay(b, captured)  # to its receiver: the replay table
+        assert got == Counter({"replayed": len(captured)})
+        await nothing_delivered()
+        got = await replay(c, captured)  # to another node: it names b
+        assert got == Counter({"misdirected": len(captured)})
+        # re-addressed to c: the tag was made under a's key with b
+        readdressed = [f[:33] + c.id.to_bytes_be() + f[53:] for f in captured]
+        got = await replay(c, readdressed)
+        assert got == Counter({"forged": len(captured)})
+        # a flipped bit in the sequence number passes the replay table, then fails the tag
+        tampered = [f[:60] + bytes([f[60] ^ 1]) + f[61:] for f in captured]
+        got = await replay(b, tampered)
+        assert got == Counter({"forged": len(captured)})
         await nothing_delivered()
 
 

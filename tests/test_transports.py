@@ -82,14 +82,20 @@ def test_forged_unsigned_and_stale_frames_are_dropped() -> None:
 
 def test_replay_table_is_bounded() -> None:
     clock = Clock()
-    v = Verifier(clock_us=clock, max_senders=4, max_seen_per_sender=16)
+    v = Verifier(clock_us=clock, max_entries=150)
     signers = [Signer(Ed25519PrivateKey.generate(), clock_us=clock) for _ in range(10)]
-    frames = [s.seal("x", b"b") for s in signers for _ in range(40)]
+    frames = []
+    for s in signers:  # 40 frames per sender, a minute apart per sender: 5 table buckets
+        frames += [s.seal("x", b"b") for _ in range(40)]
+        clock.us += 60_000_000
+    clock.us -= 60_000_000
     assert all(v.open(f) is not None for f in frames)
-    assert len(v._windows) == 4
-    assert all(len(w) - 1 <= 16 for w in v._windows.values())  # [floor, *recent]
-    # every replay of a still-tracked sender is refused, even after its set overflowed
-    assert all(v.open(f) is None for f in frames[-40:])
+    assert len(v.replay) <= 150 and v.replay.evicted > 0
+    # every replay is refused: remembered ones as replays, forgotten ones below the floor
+    assert all(v.open(f) is None for f in frames)
+    assert v.counters["replayed"] > 0 and v.counters["stale"] > 0
+    assert v.counters["replayed"] + v.counters["stale"] == len(frames)
+    assert v.open(signers[0].seal("x", b"fresh")) is not None  # honest traffic still passes
 
 
 def test_frames_signed_for_another_node_are_refused() -> None:

@@ -2,8 +2,9 @@
 
 ``MemoryNetwork`` (in-process, virtual-time friendly), ``open_udp`` / ``UdpTransport`` and
 ``open_tcp`` / ``TcpTransport`` (optional TLS 1.3); the envelope codec (``codec``), Ed25519
-signing with a replay window (``auth``) and authenticated sessions (``session``: a Noise XX
-handshake, ``noise``, then AEAD records with a replay window).
+signing (``auth``) with a replay table (``replay``), pair frames (``pair``: static-static X25519
+and ChaCha20-Poly1305 between two identity keys, no handshake) and authenticated sessions
+(``session``: a Noise XX handshake, ``noise``, then AEAD records with a replay window).
 
 The trio-based transports are imported on first use (PEP 562), so that ``overlay/wire.py`` can use
 the codec without pulling trio and socket into the sans-io simulator.

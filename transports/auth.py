@@ -1,4 +1,4 @@
-"""Sign and verify envelopes with Ed25519; an anti-replay window per sender (docs/transports.md).
+"""Sign and verify envelopes with Ed25519; refuse replays (docs/transports.md, docs/security.md).
 
 Theory of operation:
 
@@ -7,14 +7,15 @@ Theory of operation:
   :meth:`transports.codec.Envelope.signed_bytes`. The receiver derives the sender's identity from
   the key it verified (``sender_hash`` = SHA-1 of the raw public key, the self-certifying NodeId
   of ``overlay.identity``), so a peer cannot speak under an id it holds no key for.
-* **Replay window.** Sequence numbers are microseconds of wall-clock time, forced strictly
-  increasing per signer (like the TAI64N timestamps of WireGuard's handshake). A
-  :class:`Verifier` keeps, per sender key, the highest number seen and the set of numbers seen
-  within the last ``window_s`` seconds below it — a time-based variant of the IPsec sliding window
-  (RFC 4303 §3.4.3), which tolerates datagram reordering across the window while rejecting every
-  exact replay. An envelope from a sender the table does not hold (never seen, or evicted from
-  the bounded LRU table) must carry a timestamp within ``max_skew_s`` of our clock, so old
-  captures cannot be replayed after eviction.
+* **Replay.** Sequence numbers are microseconds of wall-clock time, forced strictly increasing
+  per signer (like the TAI64N timestamps of WireGuard's handshake). A :class:`Verifier` accepts
+  a frame only if its number is within ``max_skew_s`` of our clock and ``(sender, seq)`` was not
+  accepted before: :class:`transports.replay.ReplayCache` remembers a 64-bit digest of each
+  accepted pair until its number leaves the clock window (a time-based IPsec sliding window,
+  RFC 4303 §3.4.3, kept for all senders in one table), so reordering is fine and every exact
+  replay is refused.
+* **Pair frames** (:mod:`transports.pair`) pass the same checks (:meth:`Verifier.open_pair`),
+  with a ChaCha20-Poly1305 tag under a static-static X25519 key in place of the signature.
 * **Signing off.** ``Signer(None, claimed_id=...)`` produces unsigned envelopes carrying a claimed
   20-byte id; a ``Verifier(require_signatures=True)`` (the default) drops them as ``unsigned``.
   Turning signatures off is an explicit choice on both ends (it exists for the comparison with
@@ -43,6 +44,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from transports.codec import DEFAULT_LIMITS, Codec, Limits, pack_envelope, signed_bytes
 from transports.errors import TransportConfigError
+from transports.pair import PairKeys, learn_key, parse_head
+from transports.replay import ReplayCache
+
+#: sequence numbers (µs) per replay-table bucket: a bucket is forgotten as a whole
+_BUCKET_US = 120_000_000
 
 __all__ = ["Opened", "Signer", "Verifier", "key_hash", "public_bytes", "public_key_entry"]
 
@@ -116,12 +122,6 @@ class Signer:
         return pack_envelope(self.sender, seq, reply_to, to, body, sig)
 
 
-# Replay state of one sender is one compact ``array('Q')``: ``[floor, *recent]`` — everything
-# <= floor is refused, ``recent`` holds the numbers accepted above it (a short list: a peer sends
-# us a few frames per window). ~100 bytes per (receiver, sender) pair instead of ~350 for an
-# object, a list and boxed ints; sequence numbers are < 2**64 (the codec checks).
-
-
 #: Parsed Ed25519 public-key objects and their SHA-1 ids, by raw key bytes, shared by every
 #: Verifier in the process (public data; an OpenSSL key object costs ~0.5 KiB, so one per
 #: (node, peer) pair would dominate a swarm, and parsing + hashing per datagram costs ~3 µs).
@@ -155,8 +155,7 @@ class Verifier:
         require_signatures: bool = True,
         window_s: float = 30.0,
         max_skew_s: float | None = 600.0,
-        max_senders: int = 65536,
-        max_seen_per_sender: int = 64,
+        max_entries: int = 1 << 20,
         own_id: bytes | None = None,
         limits: Limits = DEFAULT_LIMITS,
         clock_us: Callable[[], int] = _wall_us,
@@ -165,51 +164,44 @@ class Verifier:
         self.codec = Codec(limits)
         self.counters: Counter[str] = self.codec.counters
         self._window_us = int(window_s * 1e6)
-        self._skew_us = None if max_skew_s is None else int(max_skew_s * 1e6)
-        self._max_senders = max_senders
-        self._max_seen = max_seen_per_sender
         self._clock = clock_us
         self.own_id = own_id
-        #: sender key -> replay window; insertion order is recency (LRU: refreshed on use)
-        self._windows: dict[bytes, array[int]] = {}
-        #: frames the sender of the last accepted frame had accepted within ``window_s`` (at most
-        #: ``max_seen_per_sender``): sustained traffic, which is when a session pays off
+        skew = None if max_skew_s is None else int(max_skew_s * 1e6)
+        #: every accepted (sender, seq), while its seq is within the clock window
+        self.replay = ReplayCache(skew, max_entries=max_entries, bucket_us=_BUCKET_US)
+        #: frames accepted per sender within ~``window_s`` (halved every ``window_s``), as a
+        #: count-min sketch (Cormode & Muthukrishnan 2005) of two rows of 256 one-byte counters:
+        #: sustained traffic from one peer, which is when a session pays off. It overcounts
+        #: only when a sender collides in both rows (a handshake comes early), never undercounts
+        self._freq = array("B", bytes(512))
+        self._freq_decay = 0
+        #: that count for the sender of the last accepted frame
         self.last_recent = 0
 
     def _replay_ok(self, sender: bytes, seq: int) -> bool:
-        windows = self._windows
-        w = windows.pop(sender, None)
-        if w is None:
-            if self._skew_us is not None and abs(seq - self._clock()) > self._skew_us:
-                self.counters["stale"] += 1
-                return False
-            if len(windows) >= self._max_senders:
-                del windows[next(iter(windows))]  # least recently used
-            w = array("Q", (0,))
-        windows[sender] = w  # (re)inserted last: most recently used
-        if seq <= w[0] or seq in w:
-            self.counters["replayed"] += 1
+        now = self._clock()
+        why = self.replay.check(sender, seq, now)
+        if why is not None:
+            self.counters[why] += 1
             return False
-        w.append(seq)
-        f = seq - self._window_us
-        if f > w[0]:
-            w[0] = f
-        if len(w) > self._max_seen + 1 or w[1] <= w[0]:
-            floor = w[0]
-            recent = sorted(w[1:])
-            drop = max(len(recent) - self._max_seen, 0)
-            while drop < len(recent) and recent[drop] <= floor:
-                drop += 1
-            if drop:
-                floor = max(floor, recent[drop - 1])  # evicted: nothing below may return
-            w[:] = array("Q", (floor, *recent[drop:]))
-        self.last_recent = len(w) - 1
+        if now >= self._freq_decay:
+            self._freq = array("B", [x >> 1 for x in self._freq])
+            self._freq_decay = now + self._window_us
+        freq = self._freq
+        h = hash(sender)
+        i, j = h & 255, 256 + ((h >> 8) & 255)
+        a, b = freq[i], freq[j]
+        if a < 255:
+            freq[i] = a = a + 1
+        if b < 255:
+            freq[j] = b = b + 1
+        c = min(a, b)
+        self.last_recent = c
         return True
 
     def _replayed(self, sender: bytes, seq: int) -> bool:
         """Read-only pre-check, before the (costly) signature check: a known replay."""
-        w = self._windows.get(sender)
-        return w is not None and (seq <= w[0] or seq in w)
+        return self.replay.seen(sender, seq)
 
     def open(self, data: bytes) -> Opened | None:
         """Return the verified contents of one frame, or None (and a counter says why)."""
@@ -239,6 +231,36 @@ class Verifier:
         try:
             k[0].verify(sig, signed_bytes(sender, seq, reply_to, to, body))
         except InvalidSignature:
+            self.counters["forged"] += 1
+            return None
+        if not self._replay_ok(k[2], seq):
+            return None
+        self.counters["accepted"] += 1
+        learn_key(k[1], k[2])
+        return Opened(k[1], k[2], seq, reply_to, to, body)
+
+    def open_pair(self, data: bytes, keys: PairKeys) -> Opened | None:
+        """Open a pair frame (:mod:`transports.pair`): header, receiver id, replay pre-check,
+        tag, replay window — the checks of :meth:`open`, with the pair key in place of the
+        signature. Counted under the same names (``malformed``, ``misdirected``, ``replayed``,
+        ``stale``, ``forged``, ``accepted``)."""
+        if len(data) > self.codec.limits.max_frame_bytes:
+            self.counters["oversized"] += 1
+            return None
+        head = parse_head(data)
+        if head is None:
+            self.counters["malformed"] += 1
+            return None
+        sender, to, _, seq, reply_to, _ = head
+        if to != self.own_id:
+            self.counters["misdirected"] += 1
+            return None
+        if self._replayed(sender, seq):
+            self.counters["replayed"] += 1
+            return None
+        k = public_key_entry(sender)
+        body = None if k is None else keys.open(head, data)
+        if k is None or body is None:
             self.counters["forged"] += 1
             return None
         if not self._replay_ok(k[2], seq):

@@ -130,6 +130,10 @@ class SessionConfig:
     #: (``benchmarks/session_cost.py``), and join traffic comes in bursts of ~4 datagrams per
     #: pair: sessions pay for sustained traffic only (docs/security.md, "Sessions")
     handshake_after_frames: int = 6
+    #: the same for pair frames (``transports/pair.py``), which cost a receiver a quarter of a
+    #: signed frame or less (one X25519 per peer and ~5 µs a frame, against ~150 µs): a session
+    #: pays after ~4x as many. None: 4 x ``handshake_after_frames``
+    handshake_after_pair_frames: int | None = None
     #: sessions held at once (then new ones are refused and traffic stays signed)
     max_sessions: int = 4096
     #: handshakes in progress, each way (the oldest answered HELLO is forgotten when full)
@@ -138,6 +142,13 @@ class SessionConfig:
     window: int = 128
     #: records per session before it must be replaced (REKEY_AFTER_MESSAGES)
     max_messages: int = 1 << 60
+    #: frames to a peer whose identity key this process has verified, with no session, go as
+    #: pair frames (static-static X25519 + ChaCha20-Poly1305, ``transports/pair.py``) instead of
+    #: Ed25519-signed envelopes: ~4x cheaper per datagram, no handshake (docs/security.md)
+    pair_frames: bool = True
+    #: derived pair keys a node keeps per generation (``transports.pair.PairKeys``: keys unused
+    #: for two periods of 2 s are dropped; ~150 bytes each; a miss costs one X25519)
+    pair_cache: int = 128
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.rekey_after_s < self.expire_after_s - self.send_margin_s:
@@ -321,15 +332,18 @@ class Sessions:
         header = b"\xf4" + s.remote_idx.to_bytes(4, "big") + n.to_bytes(8, "big")
         return header + encrypt(s.keys[:32], n, header, body)
 
-    def consider(self, peer: bytes, address: str, recent: int, now: float) -> None:
-        """``peer`` (at ``address``) sent us a signed frame, its ``recent``-th within the replay
-        window: start a handshake if that traffic is sustained, or if we hold a session with it
-        made long enough ago that the peer must have lost its end (a restart)."""
+    def consider(
+        self, peer: bytes, address: str, recent: int, now: float, threshold: int | None = None
+    ) -> None:
+        """``peer`` (at ``address``) sent us a signed (or pair) frame, its ``recent``-th within
+        the replay window: start a handshake if that traffic is sustained (``threshold``
+        frames; default ``handshake_after_frames``), or if we hold a session with it made long
+        enough ago that the peer must have lost its end (a restart)."""
         s = self._by_peer.get(peer)
         if s is not None:
             if now - s.created < 2 * self.config.handshake_timeout_s:
                 return  # the peer may still be finishing the handshake
-        elif recent < self.config.handshake_after_frames:
+        elif recent < (self.config.handshake_after_frames if threshold is None else threshold):
             return
         self._maybe_initiate(peer, address, now)
 

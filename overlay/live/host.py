@@ -48,6 +48,9 @@ class NodeHost(Protocol):
     def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
         """Encode, sign and send ``msg``."""
 
+    def send_to_member(self, address: Address, msg: Message, peer: NodeId) -> None:
+        """Encode, authenticate and send ``msg`` to another member of the overlay."""
+
     def send_unbound(self, address: Address, msg: Message, peer: NodeId | None) -> None:
         """Encode, sign and send ``msg`` bound to no receiver id (a relayed lookup answer)."""
 

@@ -78,6 +78,7 @@ from transports.address import MAX_ADDRESS_LEN, AddressError, advertised_address
 from transports.auth import Signer, Verifier
 from transports.base import Transport
 from transports.codec import Limits
+from transports.pair import PAIR, PairKeys, known_key
 from transports.session import DROP_COUNTERS, SessionConfig, Sessions, is_session_frame
 
 __all__ = [
@@ -111,6 +112,9 @@ _BURST = 64
 #: HELLOs answered (and unknown-session hints sent): 100/s, 200 at once — more than a joining
 #: node meets; a flood costs < 2 % of a core (~120 µs each) and refused peers stay signed
 _HANDSHAKE_RATE_PER_S, _HANDSHAKE_BURST, _SESSIONS = 100.0, 200.0, SessionConfig()
+_PAIR_BYTE = bytes((PAIR,))
+#: the default limits of a live node: a source is forgotten once its buckets have refilled
+_RATE_LIMITS = RateLimits(forget_idle=True)
 
 
 class ProbeError(OverlayError):
@@ -188,6 +192,9 @@ class Node(ControlServer):
             if len(self._address.encode()) > MAX_ADDRESS_LEN:
                 raise ConfigError(f"sessions need an address of at most {MAX_ADDRESS_LEN} bytes")
             self._session_config = sessions if isinstance(sessions, SessionConfig) else _SESSIONS
+        #: pair frames (``transports/pair.py``): made at first use, None when off
+        self._pair: PairKeys | None = None
+        self._pair_on = self._session_config is not None and self._session_config.pair_frames
         self._counters: Counter[str] = Counter()
         self._core: KbrCore | None = None
         #: the multicast/aggregation application on this node's core (set on entry)
@@ -203,7 +210,7 @@ class Node(ControlServer):
         self._ctl_waiters: dict[int, Callable[[Message], None]] = {}
         self._control_handlers: dict[type[Message], ControlHandler] = {}
         self._gate = ControlGate()
-        self._limiter = SourceLimiter(rate_limits)
+        self._limiter = SourceLimiter(rate_limits if rate_limits is not None else _RATE_LIMITS)
         self._own_id_bytes = self.identity.id.to_bytes_be()
         #: control lookups routed for an asker: nonce -> (where the asker was observed, until)
         self._relays: dict[int, tuple[str, float]] = {}
@@ -292,6 +299,9 @@ class Node(ControlServer):
             parts.append(("session.", self._sessions.counters))
             out["session.held"] = len(self._sessions)
         out["rate.sources"] = len(self._limiter)
+        if self._pair is not None:
+            out["node.pair_derivations"] = self._pair.derivations
+            out["node.pair_keys_held"] = self._pair.held()
         for prefix, c in parts:
             for k, v in c.items():
                 out[prefix + k] = v
@@ -419,13 +429,21 @@ class Node(ControlServer):
         """Encode, sign and send ``msg`` to ``address`` (``peer``: the receiver's id, if known)."""
         self._send(address, msg, peer, True)
 
+    def send_to_member(self, address: Address, msg: Message, peer: NodeId) -> None:
+        """Like :meth:`send_message` for the core's traffic to another member: a pair frame
+        (``transports/pair.py``) when this process verified ``peer``'s key. Control replies and
+        lookup answers, which may go to a tool that opens signed envelopes only, stay signed."""
+        self._send(address, msg, peer, True, self._pair_on)
+
     def send_unbound(self, address: Address, msg: Message, peer: NodeId | None) -> None:
         """Like :meth:`send_message`, but the envelope is bound to no receiver id: a lookup
         answer that the node at ``address`` forwards as it is to its asker. ``peer`` still lets
         TLS check whom it reached."""
         self._send(address, msg, peer, False)
 
-    def _send(self, address: Address, msg: Message, peer: NodeId | None, bind: bool) -> None:
+    def _send(
+        self, address: Address, msg: Message, peer: NodeId | None, bind: bool, pair: bool = False
+    ) -> None:
         if self._closed:
             return
         if not isinstance(address, str):
@@ -441,9 +459,32 @@ class Node(ControlServer):
         frame = None
         if bind and to is not None and self._sessions is not None:
             frame = self._sessions.seal(to, address, body, trio.current_time())
+        if frame is None and pair and to is not None:
+            frame = self._seal_pair(to, body)
         if frame is None:
             frame = self._signer.seal(self._address, body, to if bind else None)
         self.transport.send_nowait(address, frame, to)
+
+    def _pair_keys(self) -> PairKeys:
+        p = self._pair
+        if p is None:
+            cfg = self._session_config
+            p = self._pair = PairKeys(
+                self.identity.private_key,
+                self._signer.sender,
+                cache=cfg.pair_cache if cfg is not None else 128,
+            )
+        return p
+
+    def _seal_pair(self, to: bytes, body: bytes) -> bytes | None:
+        """A pair frame to ``to`` if this process verified its key, else None (sign)."""
+        peer = known_key(to)
+        if peer is None:
+            return None
+        frame = self._pair_keys().seal(peer, to, self._signer.next_seq(), self._address, body)
+        if frame is not None:
+            self._counters["pair_sent"] += 1
+        return frame
 
     async def _receive_loop(self) -> None:
         transport = self.transport
@@ -476,9 +517,13 @@ class Node(ControlServer):
         if not self._limiter.admit_frame(src_addr, now):  # before the costly opening
             return
         cfg = self._session_config
+        pair = False
         if cfg is not None and is_session_frame(data):
             self._counters["session_frames"] += 1
             opened = self._open_sessions(cfg).receive(src_addr, data, now)
+        elif data[:1] == _PAIR_BYTE and self._pair_on:
+            opened = self._verifier.open_pair(data, self._pair_keys())
+            pair = True
         else:
             opened = self._verifier.open(data)
         if opened is None:
@@ -505,10 +550,15 @@ class Node(ControlServer):
         core = self._core
         if core is not None:
             if cfg is not None and opened.sender_key is not None:
-                # a signed frame from a member: sustained traffic earns a session
+                # a signed or pair frame from a member: sustained traffic earns a session
                 recent = self._verifier.last_recent
-                if self._sessions is not None or recent >= cfg.handshake_after_frames:
-                    self._open_sessions(cfg).consider(opened.sender_hash, address, recent, now)
+                want = cfg.handshake_after_frames
+                if pair:
+                    want = cfg.handshake_after_pair_frames or 4 * want
+                if self._sessions is not None or recent >= want:
+                    self._open_sessions(cfg).consider(
+                        opened.sender_hash, address, recent, now, want
+                    )
             core.receive(src, msg)
 
     # ------------------------------------------------------------------ API

@@ -108,6 +108,10 @@ class RateLimits:
     max_sources: int = attrs.field(default=4096)
     #: False: count only (every bucket admits); for comparisons (``bench flood --no-limits``)
     enabled: bool = True
+    #: forget a source once all its buckets have refilled (it is then exactly a new entry), so
+    #: that the table holds the last few seconds' sources instead of the last ``max_sources``.
+    #: Live nodes turn it on (``overlay.live.node``); off, the table is a plain LRU.
+    forget_idle: bool = False
 
     @max_sources.validator
     def _check_sources(self, a: attrs.Attribute[int], v: int) -> None:
@@ -122,7 +126,9 @@ _SLOT = {"routed": 2, "probe": 3, "join": 4}
 class SourceLimiter:
     """The buckets of every source a node hears from (one per node; not thread-safe)."""
 
-    __slots__ = ("_burst", "_data", "_free", "_max", "_rate", "_table", "counters", "limits")
+    __slots__ = (
+        "_burst", "_data", "_free", "_idle_s", "_max", "_rate", "_table", "counters", "limits",
+    )  # fmt: skip
 
     def __init__(self, limits: RateLimits | None = None) -> None:
         lim = limits if limits is not None else RateLimits()
@@ -139,6 +145,11 @@ class SourceLimiter:
         #: it hears from.
         self._data = array("d")
         self._free: list[int] = []  # rows of evicted sources, reused first
+        #: a source silent this long has every bucket full again, exactly what a new entry
+        #: gets: its row carries no information and is dropped (tokens never go below 0 while
+        #: limits are enabled, so ``burst / rate`` refills any bucket; a margin for rounding)
+        refill = zip(self._burst[1:], self._rate[1:], strict=True)
+        self._idle_s = max(b / r for b, r in refill) * 1.01 + 1e-3
         #: ``frames`` (every datagram seen), ``dropped_<bucket>``, ``admitted_<kind>``,
         #: ``evicted`` (sources pushed out of the table)
         self.counters: Counter[str] = Counter()
@@ -152,6 +163,9 @@ class SourceLimiter:
         table, d = self._table, self._data
         row = table.pop(src, None)
         if row is None:
+            if table and self.limits.forget_idle:
+                self._drop_idle(now)
+                d = self._data
             if len(table) >= self._max:
                 old = next(iter(table))  # least recently heard
                 self._free.append(table.pop(old))
@@ -177,6 +191,30 @@ class SourceLimiter:
                 t = d[o + i] + dt * rate[i]
                 d[o + i] = t if t < burst[i] else burst[i]
         return o
+
+    def _drop_idle(self, now: float) -> None:
+        """Forget the sources silent for ``_idle_s`` (least recently heard first), and shrink
+        the array when most of its rows are free: a node keeps rows only for the peers that
+        sent to it in the last few seconds, not for every peer of its join."""
+        table, d = self._table, self._data
+        limit = now - self._idle_s
+        stale = []
+        for s, row in table.items():
+            if d[row * 5] > limit:
+                break
+            stale.append(s)
+        if not stale:
+            return
+        free = self._free
+        for s in stale:
+            free.append(table.pop(s))
+        if len(free) > 8 and len(free) * 2 > len(d) // 5:
+            nd = array("d")
+            for s, row in table.items():
+                table[s] = len(nd) // 5
+                nd.extend(d[row * 5 : row * 5 + 5])
+            self._data = nd
+            self._free = []
 
     def admit_frame(self, src: str, now: float) -> bool:
         """Take a frame token from ``src`` (before the frame is opened); False: drop it."""

@@ -118,8 +118,9 @@ class TrioRuntime:
         return t
 
     def send(self, dst: NodeHandle, msg: Message) -> None:
-        """Sign and send ``msg`` to ``dst``."""
-        self._node.send_message(dst.address, msg, dst.id)
+        """Authenticate and send ``msg`` to the member ``dst`` (a pair frame when its key is
+        known, else a signed envelope; a session record when one is held)."""
+        self._node.send_to_member(dst.address, msg, dst.id)
 
     def send_address(self, address: Address, msg: Message) -> None:
         """Sign and send ``msg`` to a bare address (bootstrap: the peer's id is unknown)."""

@@ -1,0 +1,37 @@
+"""Forgetting idle sources (``RateLimits(forget_idle=True)``, the live node's default) changes
+no decision: oracle = the same limiter keeping every source."""
+
+from __future__ import annotations
+
+import random
+
+from overlay.live.ratelimit import RateLimits, SourceLimiter
+from overlay.proximity import Ping
+
+
+def test_forgetting_idle_sources_changes_no_decision() -> None:
+    rng = random.Random(3)
+    kw = {"frames_per_s": 50.0, "frames_burst": 20.0, "probe_per_s": 5.0, "probe_burst": 4.0}
+    keep = SourceLimiter(RateLimits(**kw, max_sources=10_000))  # type: ignore[arg-type]
+    forget = SourceLimiter(RateLimits(**kw, max_sources=10_000, forget_idle=True))  # type: ignore[arg-type]
+    ping = Ping(1, 0.0)
+    now = 0.0
+    sizes = []
+    for _ in range(30_000):
+        now += rng.expovariate(200.0) if rng.random() < 0.995 else rng.uniform(1.0, 10.0)
+        src = f"udp://10.0.0.{rng.randrange(40 if rng.random() < 0.9 else 255)}:1"
+        assert keep.admit_frame(src, now) == forget.admit_frame(src, now)
+        assert keep.admit_message(src, ping, now) == forget.admit_message(src, ping, now)
+        sizes.append(len(forget))
+    assert keep.counters == forget.counters  # the same drops and admissions, and no evictions
+    assert keep.dropped() > 0  # the limits did bind
+    assert len(forget) < len(keep) and min(sizes[100:]) < 10
+
+
+def test_a_quiet_table_shrinks() -> None:
+    lim = SourceLimiter(RateLimits(forget_idle=True))
+    for i in range(500):
+        lim.admit_frame(f"udp://10.0.{i // 256}.{i % 256}:1", 0.0)
+    assert len(lim) == 500
+    lim.admit_frame("udp://10.9.9.9:1", 100.0)  # every other source has refilled by now
+    assert len(lim) == 1 and len(lim._data) == 5
