@@ -162,10 +162,16 @@ class KbrConfig:
     #: dropped), while every second spent on a crashed hop is a second the holder may crash
     #: in (MSPastry §3.2 reroutes on the first missing ack). 0 = the plain RTO.
     hop_timeout_srtt_factor: float = 1.5
+    #: a copy that comes back with more hops while this node's own next hop has not acked yet
+    #: waits for that hop's outcome (ack: route it as a loop; timeout: drop it, the reroute
+    #: carries the message) instead of being routed at once avoiding the unacked hop — which,
+    #: under loss, delivered it here in place of a merely lossy closest node. Ours; Pastry
+    #: turns it on (``PastryConfig``), the small-world ring keeps routing such copies at once.
+    hold_returning_copies: bool = False
 
 
 class _Hop:
-    __slots__ = ("attempt", "exclude", "msg", "nh", "reroutes", "sent_at", "timer")
+    __slots__ = ("attempt", "exclude", "held", "msg", "nh", "reroutes", "sent_at", "timer")
 
     def __init__(self, msg: RouteMsg, nh: NodeHandle, exclude: set[NodeHandle] | None) -> None:
         self.msg = msg
@@ -175,6 +181,8 @@ class _Hop:
         self.reroutes = 0
         self.sent_at = 0.0
         self.timer: Timer | None = None
+        #: a copy that came back with more hops before this hop was acked: (from, message)
+        self.held: tuple[NodeHandle, RouteMsg] | None = None
 
 
 Handler = Callable[[NodeHandle, Any], None]
@@ -559,6 +567,8 @@ class KbrCore(abc.ABC):
             self._send_hop(hop)
             return
         del self._pending[mid]
+        if hop.held is not None:
+            self.stats["route_copies_dropped"] += 1  # the reroute below carries the message
         if hop.reroutes >= cfg.max_reroutes:
             self.stats["route_dropped"] += 1
             log.debug("route %x dropped after %d reroutes", mid, hop.reroutes)
@@ -577,6 +587,8 @@ class KbrCore(abc.ABC):
             hop.timer.cancel()
         if hop.attempt == 0:  # Karn's rule: only unambiguous samples
             self.prox.sample(src, self.runtime.now() - hop.sent_at)
+        if hop.held is not None:  # the next hop took it on: the copy that came back looped
+            self._route_loop(hop.held[1], hop.held[0])
 
     def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
         if self.kbr_config.hop_acks and src != self.handle:
@@ -592,6 +604,27 @@ class KbrCore(abc.ABC):
         if not tried:
             self._step(msg, None, prev=src)
             return
+        hop = self._pending.get(msg.msg_id) if self.kbr_config.hold_returning_copies else None
+        if hop is not None and hop.msg.origin.id == msg.origin.id:
+            # A copy came back while our own next hop has not acknowledged yet. Under loss that
+            # is mostly the previous hop's reroute (our ack to it was lost), not a loop: routing
+            # it on *avoiding* the unacknowledged hop delivered it here in place of a closest
+            # node that was merely lossy (the ``root_excluded`` incorrect deliveries of
+            # ``bench churn`` at 1-5 % loss). So it waits: the hop's ack shows the next hop
+            # took the message on, and the copy is then routed as a loop; a timeout hands the
+            # message to the retransmission or reroute, and the copy is dropped.
+            self.stats["route_copies_held"] += 1
+            hop.held = (src, msg)
+            return
+        self._route_loop(msg, src)
+
+    def _route_loop(self, msg: RouteMsg, src: NodeHandle) -> None:
+        """``msg`` came back with more hops and no hop of ours is pending for it."""
+        seen = self._seen
+        prev = seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
+        if prev is None or prev[0] == _DELIVERED:
+            return
+        tried = prev[1:]
         # Back round a loop: leave by a next hop not tried yet. When every closer node this node
         # knows has been tried and led back here, this node is the closest one reachable and
         # delivers (as when every closer node is suspected); max_hops bounds the whole walk.

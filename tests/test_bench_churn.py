@@ -109,3 +109,19 @@ def test_correct_fraction_is_checked_against_brute_force_and_every_cause_is_name
     by_type = r["msgs_per_s_per_node_by_type"]
     assert by_type["RouteMsg"] > 0 and by_type["Ping"] > 0
     assert r["dropped_loss"] > 0
+
+
+def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> None:
+    both = churn.run(args(overlay="pastry"))
+    left = churn.run(args(overlay="pastry", set=["heartbeat_left_only=true"]))
+    hb_both = both["node_stats_per_s_per_node"]["heartbeats_sent"]
+    hb_left = left["node_stats_per_s_per_node"]["heartbeats_sent"]
+    # one heartbeat per node per period instead of two (MSPastry's left neighbour only)
+    assert 0.4 < hb_left / hb_both < 0.6
+    # the counters' probes are the Ping datagrams the network carried
+    for r in (both, left):
+        assert r["node_stats_per_s_per_node"]["probes_sent"] == pytest.approx(
+            r["msgs_per_s_per_node_by_type"]["Ping"], rel=0.02
+        )
+    with pytest.raises(ConfigError):
+        churn.run(args(overlay="smallworld", set=["heartbeat_left_only=false"]))

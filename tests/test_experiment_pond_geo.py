@@ -13,7 +13,7 @@ import json
 import attrs
 import pytest
 
-from sim_adapter.experiments.pond_geo import check_run, replicate
+from sim_adapter.experiments.pond_geo import check_run, replicate, wait_parts
 from sim_adapter.experiments.pond_geo_model import (
     REGIONS,
     GeoConfig,
@@ -113,4 +113,28 @@ def test_same_seed_same_output() -> None:
         r.pop("wall_s")
         r.pop("peak_rss_mib")
     assert a["checks"]["outside_region"] == 0
+    # the per-phase wait split agrees with the run's own counts
+    assert sum(x["evicted_runs"] for x in a["phases"]) == a["counters"]["evicted_runs"]
+    for x in a["phases"]:
+        if x["tasks"]:
+            assert x["queue_wait_s"]["mean"] <= x["task_wait_s"]["mean"] + 1e-9
+            assert x["queue_wait_s"]["max"] <= x["task_wait_s"]["max"] + 1e-9
     assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def test_wait_splits_into_queue_wait_and_time_lost_to_evictions(geo: GeoRun) -> None:
+    parts = wait_parts(geo, TINY.detect_s)
+    waits = geo.log.waits()
+    assert set(parts) == set(waits) == set(geo.log.tasks)
+    evicted_tasks = {r.task_id for r in geo.log.runs if r.evicted}
+    assert evicted_tasks
+    for tid, p in parts.items():
+        assert p.final_start_s == pytest.approx(waits[tid])
+        assert p.final_start_s == pytest.approx(p.queue_s + p.lost_s)
+        assert p.queue_s >= -1e-9
+        # brute force from the runs: each eviction costs its run plus the detection delay
+        ev = [r for r in geo.log.runs if r.task_id == tid and r.evicted]
+        assert p.evictions == len(ev)
+        lost = sum((r.end_s or r.start_s) - r.start_s + TINY.detect_s for r in ev)
+        assert p.lost_s == pytest.approx(lost)
+        assert (p.lost_s > 0) == (tid in evicted_tasks)

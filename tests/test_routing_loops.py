@@ -37,9 +37,11 @@ class _Recorder(BaseApplication):
         self.got.append(payload)
 
 
-def _lone(known: list[int]) -> tuple[ManualRuntime, ToyCore, _Recorder, list[NodeHandle]]:
+def _lone(
+    known: list[int], cfg: ToyConfig | None = None
+) -> tuple[ManualRuntime, ToyCore, _Recorder, list[NodeHandle]]:
     rt = ManualRuntime(seed=1)
-    core = ToyCore(rt, NodeHandle(NodeId(1000), "me"), ToyConfig())
+    core = ToyCore(rt, NodeHandle(NodeId(1000), "me"), cfg or ToyConfig())
     core.known = [NodeHandle(NodeId(i), f"n{i}") for i in known]
     app = _Recorder()
     core.register("app", app)
@@ -61,11 +63,13 @@ def test_a_revisit_with_more_hops_leaves_by_a_next_hop_not_tried_yet() -> None:
     assert first[0] == near and first[1].hops == 3  # greedy: 1500 is closest to 1600
     core.receive(peer, m)  # the previous hop's retransmission: same hop count
     assert _forwards(rt) == [] and core.stats["duplicates"] == 1
+    core.receive(near, RouteAck(77))  # 1500 took it on
     core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 6))  # back round a loop
     (second,) = _forwards(rt)
     assert second[0] == nearer and second[1].hops == 7  # 1500 led back here: try 1200
     assert core.stats["route_loops"] == 1
     # every closer node has led back: this node is the closest it can reach and delivers
+    core.receive(nearer, RouteAck(77))
     core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 9))
     assert _forwards(rt) == [] and app.got == ["x"]
     assert core.stats["route_loops"] == 2
@@ -83,11 +87,58 @@ def test_delivery_is_at_most_once_whatever_copies_arrive() -> None:
     assert len(acks) == 5  # every copy acked: no previous hop keeps retransmitting
 
 
+_HOLD = ToyConfig(kbr=KbrConfig(hold_returning_copies=True))
+
+
+def test_without_holding_a_copy_that_comes_back_unacknowledged_is_routed_at_once() -> None:
+    rt, core, _app, (near, nearer) = _lone([1500, 1200])
+    peer = NodeHandle(NodeId(5), "p")
+    core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 2))
+    core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 5))
+    assert [d for d, _ in _forwards(rt)] == [near, nearer]
+    assert core.stats["route_loops"] == 1 and core.stats["route_copies_held"] == 0
+
+
+def test_a_copy_that_comes_back_while_the_next_hop_is_unacknowledged_is_not_a_loop() -> None:
+    # Under loss: our ack to the previous hop was lost, so it rerouted the message and a copy
+    # reaches us again with more hops while 1500 (the closest node we know) has not acked
+    # yet. Routing that copy on avoiding 1500 would deliver it at 1200's side or here in
+    # 1500's place; it waits for the hop's outcome instead (Pastry's setting).
+    rt, core, app, (near, _nearer) = _lone([1500, 1200], _HOLD)
+    peer = NodeHandle(NodeId(5), "p")
+    key = NodeId(1600)
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 78, 2))
+    ((dst, _),) = _forwards(rt)
+    assert dst == near
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 78, 5))
+    assert _forwards(rt) == [] and app.got == []
+    assert core.stats["route_copies_held"] == 1 and core.stats["route_loops"] == 0
+    # 1500's ack shows it took the message on: the copy did come round a loop, and leaves
+    # by the next hop not tried yet
+    core.receive(near, RouteAck(78))
+    ((dst2, _),) = _forwards(rt)
+    assert dst2 == _nearer and core.stats["route_loops"] == 1
+
+
+def test_a_copy_held_for_a_hop_that_times_out_is_dropped_and_the_reroute_carries_it() -> None:
+    rt, core, app, (near, nearer) = _lone([1500, 1200], _HOLD)
+    peer = NodeHandle(NodeId(5), "p")
+    key = NodeId(1600)
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 79, 2))
+    core.receive(peer, RouteMsg(key, "app", "x", peer, 79, 5))
+    assert [d for d, _ in _forwards(rt)] == [near] and core.stats["route_copies_held"] == 1
+    rt.advance(1.5)  # 1500 never acks (initial RTO 1 s): the hop is rerouted by 1200
+    assert [d for d, _ in _forwards(rt)] == [nearer]
+    assert core.stats["route_copies_dropped"] == 1 and core.stats["route_loops"] == 0
+    assert app.got == []
+
+
 def test_a_node_that_originated_a_message_routes_it_on_when_it_comes_back() -> None:
     rt, core, _app, (near, nearer) = _lone([1500, 1200])
     core.route(NodeId(1600), "app", "z")
     ((dst, out),) = _forwards(rt)
     assert dst == near and out.hops == 1
+    core.receive(near, RouteAck(out.msg_id))
     core.receive(nearer, RouteMsg(out.key, "app", "z", core.handle, out.msg_id, 4))
     ((dst2, out2),) = _forwards(rt)
     assert dst2 == nearer and out2.msg_id == out.msg_id and core.stats["route_loops"] == 1
@@ -195,7 +246,9 @@ def test_a_joining_node_sends_a_message_back_and_the_previous_hop_routes_around_
     back = [(d, m) for d, m in sent if isinstance(m, RouteMsg)]
     assert [d for d, _ in back] == [p.handle] and app_x.got == []
     assert x.stats["bounced_unready"] == 1
-    assert any(isinstance(m, RouteAck) for _, m in sent)  # p's hop is acked all the same
+    acks = [m for _, m in sent if isinstance(m, RouteAck)]
+    assert acks  # p's hop is acked all the same
+    p.receive(x.handle, acks[0])
     p.receive(x.handle, back[0][1])
     # back at p with more hops: x was tried, p is the closest *active* node and delivers
     assert app_p.got == ["k"] and p.stats["route_loops"] == 1

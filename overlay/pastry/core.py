@@ -469,11 +469,12 @@ class PastryCore(KbrCore):
     # ------------------------------------------------------------------ liveness hooks
     def _on_peer_dead(self, h: NodeHandle) -> None:
         was_leaf = h in self.leaf.members
+        neighbour = h in self.leaf.neighbors()
         before = self.leaf.members
         if self.leaf.remove(h):
             self._leaf_changed(before, self.leaf.members)
         slot = self.table.remove(h)
-        self.maint.on_dead(h, was_leaf, slot, spread=h != self._leaving)
+        self.maint.on_dead(h, was_leaf, slot, spread=h != self._leaving, neighbour=neighbour)
         self.joiner.on_dead(h)
 
     def peer_left(self, h: NodeHandle) -> None:

@@ -174,6 +174,11 @@ class JoinProtocol:
         self._loc_pending: set[NodeHandle] = set()
         self._loc_rtt: dict[NodeHandle, float] = {}
         self._loc_timer: Timer | None = None
+        #: this round's candidates not yet taken (least promising first) with their hints,
+        #: our RTT to the replier, and the probes the round may still start
+        self._loc_cands: list[tuple[NodeHandle, float]] = []
+        self._loc_a: float | None = None
+        self._loc_left = 0
         #: the node our join was routed through (the nearest found)
         self.entry: NodeHandle | None = None
         #: the nearest nodes the discovery walk measured (told about us once we are ready)
@@ -228,6 +233,7 @@ class JoinProtocol:
         self._loc_stale = 0
         self._loc_pending.clear()
         self._loc_rtt.clear()
+        self._loc_cands.clear()
 
     def on_nearby_request(self, src: NodeHandle, msg: NearbyRequest) -> None:
         """Existing-node side: answer a joiner's discovery request (ready nodes only) with our
@@ -278,7 +284,6 @@ class JoinProtocol:
         self._loc_rtt[src] = prox.rtt(src) or 0.0
         limit = core.config.join_locate_probes
         a = self._loc_rtt.get(src)
-        best = min(self._loc_rtt.values(), default=math.inf)
         rnd = self._loc_round
         hints = rtts if rtts else (-1.0,) * len(entries)
 
@@ -294,7 +299,30 @@ class JoinProtocol:
                 return (math.inf, math.inf, int(h.id))
             return (abs(a - hint), a + hint, int(h.id))
 
-        for h, hint in sorted([(src, 0.0), *zip(entries, hints, strict=True)], key=promise):
+        self._loc_cands = sorted([(src, 0.0), *zip(entries, hints, strict=True)], key=promise)
+        self._loc_cands.reverse()  # popped from the end: most promising first
+        self._loc_a = a
+        self._loc_left = limit
+        self._loc_batch(rnd)
+
+    def _loc_batch(self, rnd: int) -> None:
+        """Probe the next few candidates of this round's reply, most promising first, pruning
+        again with the nearest RTT found so far; with none left to probe, end the round.
+
+        Probing in small batches (``join_locate_batch``) rather than all at once lets each
+        batch's pongs tighten the bound that prunes the next: a candidate whose lower bound
+        |a - h| is no better than the nearest node found cannot be nearer (the triangle
+        inequality), and the candidates come sorted by that bound, so once one is pruned the
+        rest of the hinted ones are too."""
+        core = self.core
+        prox = core.prox
+        a = self._loc_a
+        best = min(self._loc_rtt.values(), default=math.inf)
+        cands = self._loc_cands
+        batch = core.config.join_locate_batch
+        started = 0
+        while cands and started < batch and self._loc_left > 0:
+            h, hint = cands.pop()
             if h.id == core.id or h in self._loc_rtt or h in self._loc_pending:
                 continue
             if prox.is_dead(h):
@@ -302,33 +330,44 @@ class JoinProtocol:
             rtt = prox.rtt(h)
             if rtt is not None:
                 self._loc_rtt[h] = rtt
+                best = min(best, rtt)
                 continue
             if a is not None and hint >= 0.0 and abs(a - hint) >= best:
                 core.stats["join_locate_pruned"] += 1
                 continue  # it cannot be nearer than the nearest found so far
-            if limit <= 0:
-                continue
-            limit -= 1
+            self._loc_left -= 1
+            started += 1
             self._loc_pending.add(h)
             core.stats["join_locate_probes"] += 1
             prox.probe(h, self._loc_cb(h, rnd))
         if not self._loc_pending:
+            cands.clear()
             self._loc_step(rnd)
             return
+        if self._loc_timer is not None:
+            self._loc_timer.cancel()
         wait = core.config.join_locate_wait_s
-        self._loc_timer = core.runtime.call_later(wait, lambda: self._loc_step(rnd))
+        self._loc_timer = core.runtime.call_later(wait, lambda: self._loc_batch_timeout(rnd))
+
+    def _loc_batch_timeout(self, rnd: int) -> None:
+        """A batch's pongs did not all come in time: go on without the silent ones."""
+        if self._loc_round != rnd or self.state is not JoinState.LOCATING or self.core.stopped:
+            return
+        self._loc_timer = None
+        self._loc_pending.clear()
+        self._loc_batch(rnd)
 
     def _loc_cb(self, h: NodeHandle, rnd: int) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:
             if self._loc_round != rnd or self.state is not JoinState.LOCATING:
                 return
+            if rtt is not None:  # a straggler of an earlier batch still counts
+                self._loc_rtt[h] = self.core.prox.rtt(h) or rtt
             if h not in self._loc_pending:
                 return
             self._loc_pending.discard(h)
-            if rtt is not None:
-                self._loc_rtt[h] = self.core.prox.rtt(h) or rtt
             if not self._loc_pending:
-                self._loc_step(rnd)
+                self._loc_batch(rnd)
 
         return done
 

@@ -101,6 +101,8 @@ class _ChurnRun:
     def __init__(self, args: argparse.Namespace, net: Network) -> None:
         self.args = args
         self.net = net
+        #: ``--set`` overrides (Pastry only), given to every node that arrives
+        self.config: Any = None
         self.rng = random.Random(net.rng.getrandbits(64))
         self.active: list[SimNode] = []  # joined and alive: lookup sources
         self.pos: dict[int, int] = {}  # node index -> position in active
@@ -128,6 +130,7 @@ class _ChurnRun:
         self.hops: list[int] = []
         self.incorrect_causes: Counter[str] = Counter()
         self.by_type: dict[str, float] = {}
+        self.node_stats: dict[str, float] = {}
         self.active_since: dict[int, float] = {}
         self.rdp: list[float] = []
         self.latency_s: list[float] = []
@@ -172,7 +175,7 @@ class _ChurnRun:
             else:
                 self.c["failed_joins"] += self.measuring
 
-        node = self.net.arrive(on_joined=joined)
+        node = self.net.arrive(config=self.config, on_joined=joined)
         self.attach(node)
         self.c["arrivals"] += self.measuring
         if session_s is not None:
@@ -312,6 +315,16 @@ def _read_trace(path: str) -> list[tuple[float, float]]:
     return sorted(out)
 
 
+def _node_stats(net: Network) -> Counter[str]:
+    """Every node's protocol counters (``core.stats``, crashed nodes included) summed, with the
+    probes each proximity table sent (``probes_sent``): what the Ping/Pong share is made of."""
+    tot: Counter[str] = Counter()
+    for n in net.nodes:
+        tot.update(n.core.stats)
+        tot["probes_sent"] += n.core.prox.probes_sent
+    return tot
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the ring, churn it, measure; return the figures as a dict."""
     from sim_adapter.bench.overlay import make_latency
@@ -320,6 +333,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("need --nodes >= 2, --session-min > 0, --hours > 0, --lookup-rate >= 0")
     net = Network(seed=args.seed, latency=make_latency(args.latency, args.seed), loss=args.loss)
     cr = _ChurnRun(args, net)
+    if getattr(args, "set", None):
+        if args.overlay != "pastry":
+            raise ConfigError("--set overrides PastryConfig fields: only with --overlay pastry")
+        from sim_adapter.bench.pastry import _config
+
+        cr.config = _config(args.set)
     rng = cr.rng
     session_s = args.session_min * 60.0
     warm_s = args.warmup_min * 60.0
@@ -327,7 +346,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = _read_trace(args.trace) if args.trace else None
     with bench.stopwatch() as wall:
         n0 = args.nodes if trace is None else sum(1 for a, _ in trace if a == 0.0) or 1
-        first = net.spawn(n0, overlay=args.overlay, build=args.build)
+        first = net.spawn(n0, overlay=args.overlay, build=args.build, config=cr.config)
         eng = net.engine
         t0 = net.now
         for i, node in enumerate(first):
@@ -362,6 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cr.measuring = True
         tp, mp = net.now, net.message_count
         by_type0 = net.msg_by_type
+        stats0 = _node_stats(net)
         cr.hops_in_window = 0
         steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
         for k in range(steps):
@@ -377,6 +397,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         by_type = net.msg_by_type
         by_type.subtract(by_type0)
         cr.by_type = {k: bench.r(v / node_s, 4) for k, v in by_type.most_common() if v > 0}
+        st = _node_stats(net)
+        st.subtract(stats0)
+        cr.node_stats = {k: bench.r(v / node_s, 4) for k, v in st.most_common() if v > 0}
     return _report(args, net, cr, wall())
 
 
@@ -405,6 +428,7 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "lost": lost,
         "incorrect_causes": dict(sorted(cr.incorrect_causes.items())),
         "msgs_per_s_per_node_by_type": cr.by_type,
+        "node_stats_per_s_per_node": cr.node_stats,
         "unaccounted": launched - c["delivered"] - lost,
         "correct_fraction": bench.r(correct_frac, 6),
         "hops_mean": bench.r(bench.mean(cr.hops), 3),
@@ -485,4 +509,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="Pastry only: override a PastryConfig field (repeatable), as in bench pastry",
+    )
     p.set_defaults(func=_main)
