@@ -590,9 +590,13 @@ class KbrCore(abc.ABC):
         if hop.held is not None:  # the next hop took it on: the copy that came back looped
             self._route_loop(hop.held[1], hop.held[0])
 
-    def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
+    def _ack_hop(self, src: NodeHandle, msg: RouteMsg) -> None:
+        """Acknowledge a routed message to the hop it came from (MSPastry §3.2)."""
         if self.kbr_config.hop_acks and src != self.handle:
             self.runtime.send(src, RouteAck(msg.msg_id))
+
+    def _on_route(self, src: NodeHandle, msg: RouteMsg) -> None:
+        self._ack_hop(src, msg)
         tried = self._visit(msg)
         if tried is None:
             self.stats["duplicates"] += 1

@@ -37,34 +37,30 @@ class _Table:
         self.slots = array("Q", bytes(8 * size))
         self.n = 0
 
-    def find(self, d: int) -> bool:
+    def _slot(self, d: int) -> int:
+        """Where ``d`` is, or the empty slot where it would go (linear probing)."""
         t = self.slots
         mask = len(t) - 1
         i = d & mask
         while True:
             x = t[i]
-            if x == d:
-                return True
-            if x == 0:
-                return False
+            if x == d or x == 0:
+                return i
             i = (i + 1) & mask
+
+    def find(self, d: int) -> bool:
+        return self.slots[self._slot(d)] == d
 
     def add(self, d: int) -> bool:
         """Insert ``d``; False if it was there already."""
-        t = self.slots
-        mask = len(t) - 1
-        i = d & mask
-        while True:
-            x = t[i]
-            if x == d:
-                return False
-            if x == 0:
-                t[i] = d
-                self.n += 1
-                if self.n * 4 > len(t) * 3:
-                    self._grow()
-                return True
-            i = (i + 1) & mask
+        i = self._slot(d)
+        if self.slots[i] == d:
+            return False
+        self.slots[i] = d
+        self.n += 1
+        if self.n * 4 > len(self.slots) * 3:
+            self._grow()
+        return True
 
     def _grow(self) -> None:
         old = self.slots

@@ -40,7 +40,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from overlay.handle import Address, NodeHandle
-from overlay.ids import HALF_RING, RING, NodeId
+from overlay.ids import NodeId
+from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.runtime import Runtime, Timer
 from overlay.smallworld import exchange as _xch
@@ -662,9 +663,3 @@ class SmallWorldCore(KbrCore):
             # (join.py). The node pushes its window asking for news the moment it is ready.
             return
         _xch.on_list(self, src, nodes, m.ask, stamp, echo, held)
-
-
-def _rd(a: int, b: int) -> int:
-    """Ring distance (the shorter way round), inlined for speed."""
-    d = (a - b) % RING
-    return d if d <= HALF_RING else RING - d

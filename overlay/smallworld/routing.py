@@ -28,21 +28,11 @@ the last incorrect or lost lookups of the ring came from four races that these f
 from __future__ import annotations
 
 from overlay.handle import NodeHandle
-from overlay.ids import HALF_RING, RING
-from overlay.kbr import KbrCore, RouteAck, RouteMsg
+from overlay.ids import ring_distance as _rd
+from overlay.kbr import KbrCore, RouteMsg
 from overlay.smallworld.state import JoinState
 
 __all__ = ["hold_while_joining", "parallel_copy", "reroute_waiting_on", "retry_through"]
-
-
-def _rd(a: int, b: int) -> int:
-    d = (a - b) % RING
-    return d if d <= HALF_RING else RING - d
-
-
-def _ack(core: KbrCore, src: NodeHandle, msg: RouteMsg) -> None:
-    if core.kbr_config.hop_acks and src != core.handle:
-        core.runtime.send(src, RouteAck(msg.msg_id))
 
 
 def hold_while_joining(
@@ -58,7 +48,7 @@ def hold_while_joining(
         held = st.held = []
     if len(held) >= limit:
         return False
-    _ack(core, src, msg)
+    core._ack_hop(src, msg)
     held.append((src, msg))
     core.stats["held_while_joining"] += 1
     return True
@@ -89,7 +79,7 @@ def parallel_copy(core: KbrCore, src: NodeHandle, msg: RouteMsg) -> bool:
     mine = _rd(me, key)
     if not all((d := _rd(h.id, key)) < mine or (d == mine and h.id < me) for h in tried):
         return False
-    _ack(core, src, msg)
+    core._ack_hop(src, msg)
     core.stats["parallel_copies"] += 1
     core._visit(msg)  # the new hop count
     if msg.hops > core.kbr_config.max_hops:
