@@ -1,13 +1,14 @@
-"""Jobs for the PonD job experiments: a parametric DAS-2-like model, or a real GWA/SWF trace.
+"""Jobs for the PonD job experiments: a parametric stand-in for DAS-2, or a GWA/SWF trace.
 
 Theory of operation. PonD §4.3 drew each job's memory, number of independent concurrent tasks
 and run time from the DAS-2 trace of the Grid Workloads Archive (Iosup et al. 2008; the trace
 is the one Li, Groep and Wolters characterised in "Workload characteristics of a multi-cluster
-supercomputer", JSSPP 2004, LNCS 3277). That trace cannot be fetched here, so by default jobs
-come from :class:`Das2Model`, a parametric model of the *shape* that characterisation reports
-for DAS-2 — job sizes mostly powers of two and small, short and heavy-tailed run times, small
-memory use per processor — with **parameters chosen here** (assumptions, listed on the
-fields; they were not fitted to the trace, whose fitted values could not be checked offline).
+supercomputer", JSSPP 2004, LNCS 3277). Neither the trace nor that characterisation could be
+read here, so by default jobs come from :class:`Das2Model`, a parametric stand-in whose **form
+and parameters are both our assumptions** (power-of-two task counts with some single-task
+jobs, log-normal run times and memory per task; listed on the fields). Neither was fitted to,
+or checked against, the trace or the published characterisation; ``docs/experiments.md`` sets
+them beside the one third-party parametrisation of DAS-2 we could read.
 
 ``--trace FILE`` replaces the model with a real trace: :func:`read_trace` reads the Grid
 Workloads Format (GWF: whitespace-separated columns, ``#`` comments; column 2 SubmitTime,
@@ -43,15 +44,15 @@ class JobDraw(NamedTuple):
 
 @attrs.frozen(slots=True)
 class Das2Model:
-    """Parametric jobs of the DAS-2 shape (module docstring); every number is an assumption."""
+    """Parametric stand-in for DAS-2 jobs (module docstring); form and numbers are assumptions."""
 
     #: probability of a single-task job (assumption)
     serial_p: float = 0.3
     #: other jobs have 2^k tasks, k uniform on 1..max_log2 (power-of-two sizes; assumption: at
     #: most 32 tasks, a seventh of the 240 machines)
     max_log2: int = 5
-    #: run time log-normal: median and sigma of ln (assumption: median 5 min, mean ~10 min,
-    #: DAS-2 jobs being short), capped
+    #: run time log-normal: median and sigma of ln (assumption: median 5 min, mean ~10 min),
+    #: capped
     runtime_median_s: float = 300.0
     runtime_sigma: float = 1.2
     runtime_max_s: float = 7200.0
