@@ -17,18 +17,26 @@ Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
   that may crash meanwhile. Only when the silent hop is the only way on (the closest node we
   know: delivering here instead would be wrong if it is merely slow, or lossy) is it
   retransmitted with RTO back-off, until it acks or its probe declares it DEAD. Reroutes are
-  bounded; a message that exhausts them is dropped and counted, never lost silently.
+  bounded; a message that exhausts them is dropped and counted, never lost silently. A DEAD
+  verdict moves the messages waiting on that hop on at once, and an ALIVE verdict gives a hop
+  avoided after a lost ack its messages back (``overlay/kbr_pending.py``, the pending hops).
 * **Joining nodes deliver nothing.** A node that is not ``ready`` yet is not responsible for
   any key (MSPastry §3.1: a node becomes *active* once its leaf set confirmed it), but its new
   neighbours may already route to it: a message it would deliver goes back to the previous
-  hop, which sees it return (below) and routes on avoiding it.
+  hop, which sees it return (below) and routes on avoiding it (or, with ``hold_unready_s``, is
+  held a moment first: the join may end meanwhile, and then it is handled as by a ready node).
+  A reroute keeps the previous hop, so a joining node that forwarded a message and lost its
+  next hop sends it back too instead of delivering it.
 * **Duplicates and loops.** Each node remembers, per (origin, msg_id), the hop count at which it
   last handled a message and the next hops it chose. A copy with no more hops than that is a
   duplicate (a lost ack made the previous hop resend): acked again, not processed twice. A copy
   with *more* hops came back round a routing loop (tables inconsistent during churn): it is
   counted (``route_loops``) and routed again, avoiding the next hops this node already tried,
   so each pass round the loop takes another way out (or, with none left, ends here: every
-  closer node it knows led back to it); ``max_hops`` bounds the whole walk. The node that
+  closer node it knows led back to it); ``max_hops`` bounds the whole walk. Except a copy that
+  does not come back from one of those next hops while all of them were closer to the key than
+  this node: that is the other copy of a hop the previous node rerouted after a lost ack, and
+  it is sent on as usual (avoiding them delivered it here in the root's place). The node that
   delivered a message remembers that too, so delivery stays at most once however many copies
   arrive.
 * An overlay subclass supplies the routing state: :meth:`KbrCore.next_hop` (``None`` = this node
@@ -52,9 +60,10 @@ from overlay.errors import (
 )
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
+from overlay.kbr_pending import Hop, HopEngine
 from overlay.messages import Message, register
 from overlay.proximity import Liveness, Ping, Pong, Proximity, ProximityConfig
-from overlay.runtime import Runtime, Timer
+from overlay.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -168,35 +177,35 @@ class KbrConfig:
     #: under loss, delivered it here in place of a merely lossy closest node. Ours; Pastry
     #: turns it on (``PastryConfig``), the small-world ring keeps routing such copies at once.
     hold_returning_copies: bool = False
-
-
-class _Hop:
-    __slots__ = ("attempt", "exclude", "held", "msg", "nh", "reroutes", "sent_at", "timer")
-
-    def __init__(self, msg: RouteMsg, nh: NodeHandle, exclude: set[NodeHandle] | None) -> None:
-        self.msg = msg
-        self.nh = nh
-        self.exclude = exclude
-        self.attempt = 0
-        self.reroutes = 0
-        self.sent_at = 0.0
-        self.timer: Timer | None = None
-        #: a copy that came back with more hops before this hop was acked: (from, message)
-        self.held: tuple[NodeHandle, RouteMsg] | None = None
+    #: a liveness verdict acts on the messages in flight at once (``overlay/kbr_pending.py``):
+    #: those waiting on a hop declared DEAD go on now, and a hop avoided after a lost ack that
+    #: answers its probe takes back the messages waiting on a next hop farther from the key.
+    #: Ours (traced in ``bench churn``); False = wait for the hop's own timer.
+    act_on_verdicts: bool = True
+    #: a copy that returns with more hops from a node that is not one of its next hops here,
+    #: while every next hop chosen for it was closer to the key than this node, is the other
+    #: copy of a rerouted hop, not a loop: it is routed again without exclusions (ours, traced
+    #: in ``bench churn``). False = the loop rule (avoid the next hops tried) for every copy.
+    parallel_copies: bool = True
+    #: a node that would deliver only because a closer node is *suspected* (its probe in
+    #: flight) sends the message there instead, retransmitting until it acks or is declared
+    #: DEAD, as for a silent hop that is the only way on (ours, traced in ``bench churn``:
+    #: under loss the deliverer held a live root suspected). False = deliver here at once.
+    wait_for_suspected: bool = True
+    #: a node still joining that would deliver a routed message holds it (acked) this long
+    #: for its join to end — then it handles it as a ready node — before sending it back
+    #: (``bounce_unready``). Traced in ``bench churn``: a joiner sent a lookup back and became
+    #: active 0.2 s later, and the previous hop delivered it in its place. Off by default: a
+    #: join that fails while the node holds a message loses it (traced too), and 2 s was
+    #: shorter than some joins. 0 = send back at once.
+    hold_unready_s: float = 0.0
 
 
 Handler = Callable[[NodeHandle, Any], None]
 
-#: what a node remembers of a routed message: the hop count at which it last handled it, then
-#: the next hops it forwarded it to (oldest first); ``(_DELIVERED,)`` once delivered here.
-_Seen = tuple[Any, ...]
-_DELIVERED = -1
-#: next hops remembered per message (a loop that outlasts this many exits reuses the last ones)
-_MAX_TRIED = 8
-
 
 # ---------------------------------------------------------------------- the core base
-class KbrCore(abc.ABC):
+class KbrCore(HopEngine, abc.ABC):
     """Shared machinery of a sans-io overlay core. Subclasses: PastryCore, SmallWorldCore."""
 
     overlay_name: ClassVar[str] = "?"
@@ -214,18 +223,35 @@ class KbrCore(abc.ABC):
         self.kbr_config = kbr if kbr is not None else KbrConfig()
         self.apps: dict[str, Application] = {}
         self.stats: Counter[str] = Counter()
-        self.ready = False
+        #: messages held while joining (``KbrConfig.hold_unready_s``), allocated on first use
+        self._unready_held: dict[tuple[int, int], tuple[Any, ...]] | None = None
+        self._ready = False
         self.stopped = False
         self.prox = Proximity(
             runtime,
             handle,
             proximity if proximity is not None else ProximityConfig(),
-            on_dead=self._on_peer_dead,
-            on_alive=self._on_peer_alive,
+            on_dead=self._peer_dead,
+            on_alive=self._peer_alive,
         )
-        self._pending: dict[int, _Hop] = {}
-        self._seen: OrderedDict[tuple[int, int], _Seen] | None = None  # allocated on first use
+        self._pending: dict[int, Hop] = {}
+        self._seen: OrderedDict[tuple[int, int], tuple[Any, ...]] | None = (
+            None  # allocated on first use
+        )
         self._extra_handlers: dict[type[Message], Handler] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Joined: responsible for the keys closest to it (MSPastry §3.1: *active*)."""
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+        if value and self._unready_held:
+            # after the join code that set it has finished (its state and callbacks: the node
+            # is active once they ran, MSPastry §3.1), not in the middle of it
+            self.runtime.call_later(0.0, self._release_unready)
 
     # Dispatch lives on the class, not the instance: at 10^6 simulated nodes a per-node dict of
     # bound methods would cost about 600 bytes a node. Subclasses get their own copy.
@@ -286,6 +312,7 @@ class KbrCore(abc.ABC):
             if hop.timer is not None:
                 hop.timer.cancel()
         self._pending.clear()
+        self._unready_held = None
 
     def leave(self) -> None:
         """Leave gracefully: tell every node we know (they hold us as a neighbour or in their
@@ -361,6 +388,18 @@ class KbrCore(abc.ABC):
         """A suspected/dead peer spoke again (override to re-insert it)."""
         return None
 
+    def _peer_dead(self, h: NodeHandle) -> None:
+        # the proximity table's DEAD verdict: messages waiting on ``h`` go on first (``h`` is
+        # in ``prox.bad`` now, so routing avoids it), then the overlay repairs
+        if self._pending and self.kbr_config.act_on_verdicts:
+            self.reroute_waiting_on(h)
+        self._on_peer_dead(h)
+
+    def _peer_alive(self, h: NodeHandle) -> None:
+        self._on_peer_alive(h)
+        if self._pending and self.kbr_config.act_on_verdicts and not self.stopped:
+            self.retry_through(h)
+
     # ------------------------------------------------------------ KBR API (shared part)
     def register(self, name: str, app: Application) -> None:
         """Register an application under ``name`` (unique per node)."""
@@ -431,44 +470,6 @@ class KbrCore(abc.ABC):
         return self.prox.rtt(handle)
 
     # ------------------------------------------------------------ routing engine
-    def _visit(self, msg: RouteMsg) -> tuple[NodeHandle, ...] | None:
-        """Record that ``msg`` is being handled here at its hop count.
-
-        Returns None for a duplicate (already delivered here, or handled at as many hops or
-        more: a retransmission), else the next hops already tried for it (empty on a first
-        visit; not empty when it came back round a loop).
-        """
-        k = (msg.origin.id, msg.msg_id)
-        seen = self._seen
-        if seen is None:
-            seen = self._seen = OrderedDict()
-        prev = seen.get(k)
-        if prev is None:
-            seen[k] = (msg.hops,)
-            if len(seen) > self.kbr_config.dedupe_window:
-                seen.popitem(last=False)
-            return ()
-        if prev[0] == _DELIVERED or msg.hops <= prev[0]:
-            return None
-        seen[k] = (msg.hops, *prev[1:])
-        seen.move_to_end(k)
-        return prev[1:]
-
-    def _record(self, msg: RouteMsg, nh: NodeHandle | None) -> None:
-        """Remember the next hop ``msg`` left by (None: it was delivered here)."""
-        seen = self._seen
-        if seen is None:
-            return
-        k = (msg.origin.id, msg.msg_id)
-        prev = seen.get(k)
-        if prev is None:
-            return  # aged out of the window meanwhile: nothing to add to
-        if nh is None:
-            seen[k] = (_DELIVERED,)
-        elif nh not in prev[1:]:
-            tried = prev[1:] if len(prev) <= _MAX_TRIED else prev[2:]
-            seen[k] = (prev[0], *tried, nh)
-
     def _step(
         self,
         msg: RouteMsg,
@@ -491,12 +492,20 @@ class KbrCore(abc.ABC):
             and prev is not None
             and not self.ready
             and self.kbr_config.bounce_unready
+            and prev not in self.prox.bad
             and self.is_joining()
         ):
-            # Not active yet: not responsible for any key. Back to the previous hop, which sees
-            # the message return with more hops and routes it on avoiding us (``_on_route``).
+            # Not active yet: not responsible for any key. Held for a moment (the join may end
+            # now), else back to the previous hop, which sees the message return with more hops
+            # and routes it on avoiding us (``_on_route``).
+            if self._hold_unready(msg, exclude, reroutes, prev):
+                return
             self.stats["bounced_unready"] += 1
             nh = prev
+        if nh is None and self.kbr_config.wait_for_suspected:
+            nh = self._suspected_closer(msg.key, exclude)
+            if nh is not None:
+                self.stats["sent_to_suspected"] += 1
         if nh is None:
             self._record(msg, None)
             self.stats["delivered"] += 1
@@ -517,7 +526,7 @@ class KbrCore(abc.ABC):
         if not self.kbr_config.hop_acks:
             self.runtime.send(nh2, out)
             return
-        hop = _Hop(out, nh2, exclude)
+        hop = Hop(out, nh2, exclude, prev)
         hop.reroutes = reroutes
         old = self._pending.pop(out.msg_id, None)
         if old is not None and old.timer is not None:
@@ -525,70 +534,8 @@ class KbrCore(abc.ABC):
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
 
-    def _send_hop(self, hop: _Hop) -> None:
-        rt = self.runtime
-        hop.sent_at = rt.now()
-        prox = self.prox
-        timeout = min(prox.config.max_rto_s, prox.rto(hop.nh) * (2**hop.attempt))
-        factor = self.kbr_config.hop_timeout_srtt_factor
-        if hop.attempt == 0 and factor > 0:
-            srtt = prox.srtt(hop.nh)
-            if srtt is not None:
-                timeout = min(timeout, factor * srtt + prox.config.min_rto_s)
-        mid = hop.msg.msg_id
-        hop.timer = rt.call_later(timeout, lambda: self._hop_timeout(mid, hop))
-        rt.send(hop.nh, hop.msg)
-
-    def _hop_timeout(self, mid: int, hop: _Hop) -> None:
-        """No ack from the next hop within its RTO (MSPastry §3.2).
-
-        The hop is suspected at once (which starts a liveness probe) and, when the overlay
-        knows another next hop, the message goes that way now instead of waiting for
-        retransmissions to back off: a retransmission to a crashed node only delays, and a
-        holder that waits 1 + 2 + 4 s is a holder that may crash meanwhile. If the silent hop
-        is the only way on (no other next hop: delivering here instead would be wrong if it is
-        alive), the message is retransmitted to it with back-off until it acks or its probe
-        declares it DEAD (``hop_retries`` at most).
-        """
-        if self._pending.get(mid) is not hop or self.stopped:
-            return
-        cfg = self.kbr_config
-        prox = self.prox
-        prox.suspect(hop.nh)
-        exclude = set(hop.exclude) if hop.exclude else set()
-        exclude.add(hop.nh)
-        if (
-            hop.attempt < cfg.hop_retries
-            and prox.state(hop.nh) is not Liveness.DEAD
-            and (hop.reroutes >= cfg.max_reroutes or self.next_hop(hop.msg.key, exclude) is None)
-        ):
-            hop.attempt += 1
-            self.stats["hop_retransmits"] += 1
-            self._send_hop(hop)
-            return
-        del self._pending[mid]
-        if hop.held is not None:
-            self.stats["route_copies_dropped"] += 1  # the reroute below carries the message
-        if hop.reroutes >= cfg.max_reroutes:
-            self.stats["route_dropped"] += 1
-            log.debug("route %x dropped after %d reroutes", mid, hop.reroutes)
-            return
-        self.stats["reroutes"] += 1
-        prev = hop.msg
-        back = RouteMsg(prev.key, prev.app, prev.payload, prev.origin, prev.msg_id, prev.hops - 1)
-        self._step(back, exclude, None, hop.reroutes + 1)
-
     def _on_route_ack(self, src: NodeHandle, msg: RouteAck) -> None:
-        hop = self._pending.get(msg.msg_id)
-        if hop is None or hop.nh != src:
-            return
-        del self._pending[msg.msg_id]
-        if hop.timer is not None:
-            hop.timer.cancel()
-        if hop.attempt == 0:  # Karn's rule: only unambiguous samples
-            self.prox.sample(src, self.runtime.now() - hop.sent_at)
-        if hop.held is not None:  # the next hop took it on: the copy that came back looped
-            self._route_loop(hop.held[1], hop.held[0])
+        self._on_hop_acked(src, msg.msg_id)
 
     def _ack_hop(self, src: NodeHandle, msg: RouteMsg) -> None:
         """Acknowledge a routed message to the hop it came from (MSPastry §3.2)."""
@@ -608,32 +555,7 @@ class KbrCore(abc.ABC):
         if not tried:
             self._step(msg, None, prev=src)
             return
-        hop = self._pending.get(msg.msg_id) if self.kbr_config.hold_returning_copies else None
-        if hop is not None and hop.msg.origin.id == msg.origin.id:
-            # A copy came back while our own next hop has not acknowledged yet. Under loss that
-            # is mostly the previous hop's reroute (our ack to it was lost), not a loop: routing
-            # it on *avoiding* the unacknowledged hop delivered it here in place of a closest
-            # node that was merely lossy (the ``root_excluded`` incorrect deliveries of
-            # ``bench churn`` at 1-5 % loss). So it waits: the hop's ack shows the next hop
-            # took the message on, and the copy is then routed as a loop; a timeout hands the
-            # message to the retransmission or reroute, and the copy is dropped.
-            self.stats["route_copies_held"] += 1
-            hop.held = (src, msg)
-            return
-        self._route_loop(msg, src)
-
-    def _route_loop(self, msg: RouteMsg, src: NodeHandle) -> None:
-        """``msg`` came back with more hops and no hop of ours is pending for it."""
-        seen = self._seen
-        prev = seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
-        if prev is None or prev[0] == _DELIVERED:
-            return
-        tried = prev[1:]
-        # Back round a loop: leave by a next hop not tried yet. When every closer node this node
-        # knows has been tried and led back here, this node is the closest one reachable and
-        # delivers (as when every closer node is suspected); max_hops bounds the whole walk.
-        self.stats["route_loops"] += 1
-        self._step(msg, set(tried), prev=src)
+        self._returning_copy(src, msg)
 
     def _on_direct(self, src: NodeHandle, msg: DirectMsg) -> None:
         if msg.origin.id != src.id:

@@ -42,6 +42,19 @@ def test_every_lookup_is_accounted_for(overlay: str) -> None:
     assert len(r["windows"]) == 3
 
 
+def test_control_figure_weighs_windows_by_node_seconds() -> None:
+    r = churn.run(args(overlay="pastry", sample_s=150.0))  # windows of 150, 150 and 60 s
+    ws = r["windows"]
+    assert [w["seconds"] for w in ws] == [150.0, 150.0, 60.0]
+    # the rate over the measured node-seconds, recomputed by brute force from the windows: the
+    # short last window weighs by its length, not as much as a whole one
+    node_s = sum(w["active"] * w["seconds"] for w in ws)
+    rate = sum(w["control_msgs_per_s_per_node"] * w["active"] * w["seconds"] for w in ws) / node_s
+    assert r["control_msgs_per_s_per_node_mean"] == pytest.approx(rate, abs=1e-4)
+    unweighted = sum(w["control_msgs_per_s_per_node"] for w in ws) / len(ws)
+    assert abs(rate - unweighted) > 1e-4  # the two differ here, so the check can fail
+
+
 def test_same_seed_same_figures() -> None:
     a = churn.run(args(loss=0.01))
     b = churn.run(args(loss=0.01))
@@ -112,11 +125,11 @@ def test_correct_fraction_is_checked_against_brute_force_and_every_cause_is_name
 
 
 def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> None:
-    both = churn.run(args(overlay="pastry"))
-    left = churn.run(args(overlay="pastry", set=["heartbeat_left_only=true"]))
+    both = churn.run(args(overlay="pastry", set=["heartbeat_left_only=false"]))
+    left = churn.run(args(overlay="pastry"))
     hb_both = both["node_stats_per_s_per_node"]["heartbeats_sent"]
     hb_left = left["node_stats_per_s_per_node"]["heartbeats_sent"]
-    # one heartbeat per node per period instead of two (MSPastry's left neighbour only)
+    # the default, MSPastry's left neighbour only: one heartbeat per node per period, not two
     assert 0.4 < hb_left / hb_both < 0.6
     # the counters' probes are the Ping datagrams the network carried
     for r in (both, left):

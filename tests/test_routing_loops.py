@@ -64,13 +64,13 @@ def test_a_revisit_with_more_hops_leaves_by_a_next_hop_not_tried_yet() -> None:
     core.receive(peer, m)  # the previous hop's retransmission: same hop count
     assert _forwards(rt) == [] and core.stats["duplicates"] == 1
     core.receive(near, RouteAck(77))  # 1500 took it on
-    core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 6))  # back round a loop
+    core.receive(near, RouteMsg(key, "app", "x", peer, 77, 6))  # 1500 sent it back: a loop
     (second,) = _forwards(rt)
     assert second[0] == nearer and second[1].hops == 7  # 1500 led back here: try 1200
     assert core.stats["route_loops"] == 1
     # every closer node has led back: this node is the closest it can reach and delivers
     core.receive(nearer, RouteAck(77))
-    core.receive(peer, RouteMsg(key, "app", "x", peer, 77, 9))
+    core.receive(nearer, RouteMsg(key, "app", "x", peer, 77, 9))
     assert _forwards(rt) == [] and app.got == ["x"]
     assert core.stats["route_loops"] == 2
 
@@ -95,6 +95,16 @@ def test_without_holding_a_copy_that_comes_back_unacknowledged_is_routed_at_once
     peer = NodeHandle(NodeId(5), "p")
     core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 2))
     core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 5))
+    # 1500 is closer to the key than this node and the copy does not come from it: the other
+    # copy of a rerouted hop, sent on as usual (to 1500 again), not routed round 1500
+    assert [d for d, _ in _forwards(rt)] == [near, near]
+    assert core.stats["parallel_copies"] == 1 and core.stats["route_loops"] == 0
+    assert core.stats["route_copies_held"] == 0
+    # with the old rule every copy with more hops is a loop, and leaves avoiding 1500
+    cfg = ToyConfig(kbr=KbrConfig(parallel_copies=False))
+    rt, core, _app, (near, nearer) = _lone([1500, 1200], cfg)
+    core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 2))
+    core.receive(peer, RouteMsg(NodeId(1600), "app", "x", peer, 80, 5))
     assert [d for d, _ in _forwards(rt)] == [near, nearer]
     assert core.stats["route_loops"] == 1 and core.stats["route_copies_held"] == 0
 
@@ -113,11 +123,18 @@ def test_a_copy_that_comes_back_while_the_next_hop_is_unacknowledged_is_not_a_lo
     core.receive(peer, RouteMsg(key, "app", "x", peer, 78, 5))
     assert _forwards(rt) == [] and app.got == []
     assert core.stats["route_copies_held"] == 1 and core.stats["route_loops"] == 0
-    # 1500's ack shows it took the message on: the copy did come round a loop, and leaves
-    # by the next hop not tried yet
+    # 1500's ack shows it took the message on. The copy does not come from 1500, which is
+    # closer to the key than this node: the other copy of the previous hop's reroute, sent on
+    # as usual (a duplicate at 1500), never routed round 1500
     core.receive(near, RouteAck(78))
     ((dst2, _),) = _forwards(rt)
-    assert dst2 == _nearer and core.stats["route_loops"] == 1
+    assert dst2 == near and core.stats["parallel_copies"] == 1
+    assert core.stats["route_loops"] == 0 and app.got == []
+    # had 1500 itself sent it back, it came round a loop: it leaves by the hop not tried yet
+    core.receive(near, RouteAck(78))
+    core.receive(near, RouteMsg(key, "app", "x", peer, 78, 9))
+    ((dst3, _),) = _forwards(rt)
+    assert dst3 == _nearer and core.stats["route_loops"] == 1
 
 
 def test_a_copy_held_for_a_hop_that_times_out_is_dropped_and_the_reroute_carries_it() -> None:
@@ -139,7 +156,7 @@ def test_a_node_that_originated_a_message_routes_it_on_when_it_comes_back() -> N
     ((dst, out),) = _forwards(rt)
     assert dst == near and out.hops == 1
     core.receive(near, RouteAck(out.msg_id))
-    core.receive(nearer, RouteMsg(out.key, "app", "z", core.handle, out.msg_id, 4))
+    core.receive(near, RouteMsg(out.key, "app", "z", core.handle, out.msg_id, 4))
     ((dst2, out2),) = _forwards(rt)
     assert dst2 == nearer and out2.msg_id == out.msg_id and core.stats["route_loops"] == 1
 

@@ -520,7 +520,16 @@ class PastryCore(KbrCore):
                 del self._report_probed[k]
         self._report_probed[h] = now
         self.stats["failure_report_probes"] += 1
-        self.prox.probe(h)
+        self.prox.probe(h, self._report_probe_cb(h, found_at))
+
+    def _report_probe_cb(self, h: NodeHandle, found_at: float) -> Callable[[float | None], None]:
+        def done(rtt: float | None) -> None:
+            # The report was false (it answered us): members whose probes failed hold it out
+            # until it speaks to them, so it must learn of the verdict (``reintegration.py``).
+            if rtt is not None and not self.stopped and h in self.leaf.members:
+                self.maint.reint.tell(h, found_at)
+
+        return done
 
     # ------------------------------------------------------------------ leaf-set requests
     def _on_leafset_request(self, src: NodeHandle, msg: LeafSetRequest) -> None:

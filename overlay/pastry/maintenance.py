@@ -18,6 +18,9 @@ leaves periodically.
   (MSPastry §3.2): a receiver probes the named node itself (at most once per
   ``failure_report_probe_interval_s``) and removes it only if its own probe fails, so no
   single datagram — forged, stale or from a non-member — evicts a live neighbour.
+* **Re-integration.** A node declared dead while it was merely cut off is told so (the verdict
+  also goes to the accused; a member that finds it alive tells it) and announces itself to its
+  whole leaf set, both sides at once: :class:`~overlay.pastry.reintegration.Reintegration`.
 * **Gossip and consistency.** Heartbeat leaf sets are merged: a candidate that belongs in our
   leaf set is probed and inserted on the pong ("probe new members on insertion"), then told
   about us. A member that should appear in the sender's leaf set but does not is probed.
@@ -51,6 +54,7 @@ from .messages import (
     LeafSetRequest,
     check_handles,
 )
+from .reintegration import Reintegration
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,8 @@ class Maintenance:
         self._repair_due = [False, False]
         #: when the last few leaf-set members were found dead (correlated-failure test)
         self._leaf_failures: list[float] = []
+        #: a node declared dead while alive announces itself (``reintegration.py``)
+        self.reint = Reintegration(core)
 
     # ------------------------------------------------------------------ timers
     def start(self) -> None:
@@ -340,7 +346,17 @@ class Maintenance:
             msg = LeafFailed(h, 0.0)
             for m in core.leaf.nodes():
                 core.runtime.send(m, msg)
-            core.stats["leaf_failed_sent"] += len(core.leaf)
+            # ... and the accused itself: if it was merely cut off, it learns it was declared
+            # dead and announces itself to its whole leaf set (``reintegration.py``)
+            core.runtime.send(h, msg)
+            core.stats["leaf_failed_sent"] += len(core.leaf) + 1
+        elif spread and reported is not None:
+            last = self._last_heard(h)
+            if last is not None and last > reported:
+                # It spoke after the report that made us probe it, yet the probe ran out (its
+                # pings went while it was cut off): a verdict a message contradicts. Tell it,
+                # or it stays out of our leaf set until it happens to speak to us again.
+                self.reint.tell(h, now)
         if (int(core.id) - int(h.id)) % RING <= HALF_RING:
             # A counter-clockwise member went. Heartbeats flow leftwards only, so nothing else
             # brings that side's farther nodes: ask the side's neighbour for its leaf set
@@ -362,8 +378,13 @@ class Maintenance:
         self._maybe_repair(now)
 
     def on_alive(self, h: NodeHandle) -> None:
-        """``h`` is alive again: it is no longer a gone node to heal through."""
-        self.gone.pop(h, None)
+        """``h`` is alive again: it is no longer a gone node to heal through. If our own
+        probes had declared it dead and it belongs in our leaf set, the other members that
+        did the same hold it out until it speaks to them: tell it (``reintegration.py``)."""
+        found_at = self.gone.pop(h, None)
+        core = self.core
+        if found_at is not None and core.ready and not core.stopped and core.leaf.fits(h.id):
+            self.reint.tell(h, found_at)
 
     def on_leaf_failed(self, src: NodeHandle, msg: LeafFailed) -> None:
         """A failure report: a hint that makes us probe the named node ourselves."""
@@ -377,13 +398,18 @@ class Maintenance:
         """``src`` says ``dead`` was found dead at ``found_at`` (our clock, give or take)."""
         core = self.core
         if dead == core.handle:
-            self.push_to(src)  # we are alive: say so
+            # we are alive: say so — to the whole leaf set, whose members may hold the verdict
+            self.reint.accused(src, found_at, [h for h, _ in self.recent_failures()])
             return
         if dead == src or now - found_at > self.cfg.failed_spread_s:
             return
         last = self._last_heard(dead)
         if last is not None and last >= found_at:
-            return  # it spoke after it was found dead: the report is stale
+            # it spoke after it was found dead: the report is stale — and the reporter (with
+            # whoever confirmed it) holds a false verdict that only the accused can undo
+            if dead in core.leaf.members:
+                self.reint.tell(dead, found_at)
+            return
         reported = self._reported
         if len(reported) >= 4 * self.cfg.leaf_set_size:
             limit = self.cfg.failed_spread_s

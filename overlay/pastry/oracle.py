@@ -26,7 +26,9 @@ nodes). With the ids sorted:
   set stays small: O(seeds · rows · 2^b) RTT calls per node and round, no O(N^2) anywhere.
 
 The result is what joins plus periodic row exchange converge to, give or take the sampling.
-Every core is marked ready. No message is sent, no timer armed (the driver calls ``start()``).
+With ``oracle_measured_rtts`` each node also holds one RTT sample per leaf member and table
+entry: what its own probes measured when it chose them. Every core is marked ready. No message is
+sent, no timer armed (the driver calls ``start()``).
 
 :func:`table_quality` is the brute-force check of any ring's tables, however built: for each
 examined node and slot, the live candidate with the lowest RTT, against the entry held (what
@@ -75,6 +77,17 @@ def build_oracle(cores: list[PastryCore], rtt_s: RttFn) -> None:
         for _ in range(rounds):
             for i, c in enumerate(order):
                 _refine(c, i, order, pos, costs, rtt_s)
+    if order[0].config.oracle_measured_rtts:
+        # A ring built by joins has measured every node it holds — PNS chose each table entry
+        # by probing it, and leaf members are probed on insertion — so the steady state holds
+        # those samples too: the RTT a probe measures on the network model (its round trip).
+        # Without them every row swap and repair of the first minutes under churn probes the
+        # occupant it compares a candidate with, traffic no converged ring sends.
+        for c in order:
+            me = c.handle
+            sample = c.prox.sample
+            for h in (*c.leaf.nodes(), *c.table.entries()):
+                sample(h, rtt_s(me, h))
     for c in order:
         c.joiner.mark_ready()
 

@@ -16,13 +16,11 @@ the last incorrect or lost lookups of the ring came from four races that these f
   avoiding that node's choice — often the root — so it is delivered next to the root. Greedy
   routing only moves closer to the key, so a copy cannot come back through a next hop that was
   closer than us: such a copy is routed greedily again (:func:`parallel_copy`).
-* **A root whose ack was lost is avoided for good.** The holder reroutes round it; when the
-  alternative fails too, the message is delivered at the holder with the root still excluded
-  although the root's probe has answered meanwhile. A message still in flight when an avoided
-  next hop proves alive goes to it at once (:func:`retry_through`).
-* **A holder waits on a dead next hop** (the only way on) until its retransmission back-off
-  next fires, up to 8 RTOs after the probe declared it DEAD; a holder that crashes meanwhile
-  loses the lookup. It goes on the moment the probe ends (:func:`reroute_waiting_on`).
+* **A root whose ack was lost is avoided for good**, and **a holder waits on a dead next hop**
+  until its back-off next fires: both are closed in the engine now, for both overlays
+  (``overlay/kbr_pending.py``: a liveness verdict acts on the messages in flight at once);
+  :func:`retry_through` and :func:`reroute_waiting_on` remain as the names the ring's core
+  calls, and delegate to it.
 """
 
 from __future__ import annotations
@@ -90,33 +88,15 @@ def parallel_copy(core: KbrCore, src: NodeHandle, msg: RouteMsg) -> bool:
 
 
 def retry_through(core: KbrCore, h: NodeHandle) -> None:
-    """``h`` answered its probe: each message whose hop to ``h`` timed out (a lost datagram) and
-    that still waits on a next hop farther from its key goes to ``h`` now."""
-    for mid, hop in list(core._pending.items()):
-        ex = hop.exclude
-        if not ex or h not in ex:
-            continue
-        key = hop.msg.key
-        if _rd(h.id, key) >= _rd(hop.nh.id, key):
-            continue  # the hop under way is the better one anyway
-        if hop.timer is not None:
-            hop.timer.cancel()
-        del core._pending[mid]
-        left = set(ex)
-        left.discard(h)
-        m = hop.msg
-        back = RouteMsg(m.key, m.app, m.payload, m.origin, m.msg_id, m.hops - 1)
-        core.stats["reroutes_on_alive"] += 1
-        core._step(back, left, None, hop.reroutes + 1)
+    """``h`` answered its probe: messages that avoid it only because its ack was lost go to it
+    (the engine's :meth:`~overlay.kbr_pending.HopEngine.retry_through`, which the engine now
+    runs itself on every ALIVE verdict when ``KbrConfig.act_on_verdicts`` is on; a second call
+    finds nothing left to do)."""
+    core.retry_through(h)
 
 
 def reroute_waiting_on(core: KbrCore, h: NodeHandle) -> None:
-    """``h`` was declared DEAD: each message waiting on it (retransmitted to it as the only way
-    on) goes on now — by another next hop, or delivered here — instead of when its back-off
-    next fires."""
-    waiting = [(mid, hop) for mid, hop in core._pending.items() if hop.nh == h]
-    for mid, hop in waiting:
-        if hop.timer is not None:
-            hop.timer.cancel()
-        core.stats["reroutes_on_dead"] += 1
-        core._hop_timeout(mid, hop)
+    """``h`` was declared DEAD: messages waiting on it go on now (the engine's
+    :meth:`~overlay.kbr_pending.HopEngine.reroute_waiting_on`, run by the engine itself on every
+    DEAD verdict when ``KbrConfig.act_on_verdicts`` is on; a second call finds nothing)."""
+    core.reroute_waiting_on(h)

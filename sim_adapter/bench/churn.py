@@ -21,6 +21,10 @@ built (oracle build by default, so the start is a settled ring), then churn runs
   last node that forwarded it died before the next hop acknowledged), or ``dropped`` (the
   holder is alive: retransmissions exhausted, hop limit, or loss). A delivery after the
   timeout is counted as ``late``; a second delivery as ``duplicate``.
+* **Tracing** (``--trace-lookups FILE``, off by default: it wraps the network's send): every
+  RouteMsg and RouteAck of a measured lookup is logged (time, sender, receiver, hop count,
+  whether the datagram was lost), with its delivery and the liveness verdicts of the nodes on
+  its path; the events of each incorrect or lost lookup are written to FILE as JSON lines.
 * **Control traffic** per window of ``--sample-s``: every message sent minus the lookups' own
   (one RouteMsg and one RouteAck per hop, from the lookup application's ``forward`` upcalls),
   per active node per second. It includes joins, maintenance, repairs and hop retransmits.
@@ -36,7 +40,7 @@ import math
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overlay.errors import ConfigError
 from overlay.handle import NodeHandle
@@ -44,6 +48,9 @@ from overlay.ids import NodeId
 from overlay.kbr import BaseApplication
 from sim_adapter import bench
 from sim_adapter.network import Network, SimNode
+
+if TYPE_CHECKING:
+    from sim_adapter.bench.churn_trace import LookupTracer
 
 #: the application name the probes use on every node
 CHURN_APP = "bench.churn"
@@ -140,6 +147,8 @@ class _ChurnRun:
         #: launched near a window's end is settled in the next: counted where it started)
         self.win_correct: Counter[int] = Counter()
         self.win_lost: Counter[int] = Counter()
+        #: per-lookup event log (``--trace-lookups``), None when off
+        self.tracer: LookupTracer | None = None
 
     # ------------------------------------------------------------------ population
     def attach(self, node: SimNode) -> None:
@@ -200,6 +209,8 @@ class _ChurnRun:
         src.core.route(key, CHURN_APP, lid)
 
     def delivered(self, lid: int, at: SimNode) -> None:
+        if self.tracer is not None:
+            self.tracer.delivered(lid, at)
         rec = self.recs.get(lid)
         if rec is None:  # already expired
             self.c["late"] += self.measuring
@@ -219,7 +230,10 @@ class _ChurnRun:
             self.win_correct[rec.window] += 1
         else:
             self.c["incorrect"] += 1
-            self.incorrect_causes[self.classify(at, net.node_by_id(int(root)))] += 1
+            cause = self.classify(at, net.node_by_id(int(root)))
+            self.incorrect_causes[cause] += 1
+            if self.tracer is not None:
+                self.tracer.failed(lid, "incorrect:" + cause, at, net.node_by_id(int(root)))
         el = net.now - rec.t0
         self.hops.append(rec.hops)
         self.latency_s.append(el)
@@ -253,6 +267,8 @@ class _ChurnRun:
     def expire(self, lid: int) -> None:
         rec = self.recs.pop(lid)
         if rec.done or rec.window < 0:
+            if self.tracer is not None:
+                self.tracer.close(lid)
             return
         if rec.holder is None:
             cause = "source_crashed" if not rec.src.alive else "dropped"
@@ -260,6 +276,9 @@ class _ChurnRun:
             cause = "holder_crashed" if not rec.holder.alive else "dropped"
         self.c[cause] += 1
         self.win_lost[rec.window] += 1
+        if self.tracer is not None:
+            self.tracer.failed(lid, "lost:" + cause, rec.holder, None)
+            self.tracer.close(lid)
 
     # ------------------------------------------------------------------ windows
     def sample(self, t_prev: float, m_prev: int) -> tuple[float, int]:
@@ -344,6 +363,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warm_s = args.warmup_min * 60.0
     end_s = warm_s + args.hours * 3600.0
     trace = _read_trace(args.trace) if args.trace else None
+    trace_out = getattr(args, "trace_lookups", None)
+    if trace_out:
+        from sim_adapter.bench.churn_trace import LookupTracer
+
+        cr.tracer = LookupTracer(cr, trace_out)
     with bench.stopwatch() as wall:
         n0 = args.nodes if trace is None else sum(1 for a, _ in trace if a == 0.0) or 1
         first = net.spawn(n0, overlay=args.overlay, build=args.build, config=cr.config)
@@ -391,6 +415,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for lid in list(cr.recs):  # lookups launched too late to time out in the window
             cr.recs.pop(lid)
         cr.settle_windows()
+        if cr.tracer is not None:
+            cr.tracer.finish()
         # every message sent while measuring, by class, per active node per second (the
         # lookups' own RouteMsg/RouteAck included: the breakdown of the control figure)
         node_s = sum(w["active"] * w["seconds"] for w in cr.windows) or 1.0
@@ -409,7 +435,15 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
     lost = c["source_crashed"] + c["holder_crashed"] + c["dropped"]
     control = [w["control_msgs_per_s_per_node"] for w in cr.windows]
     correct_frac = c["correct"] / launched if launched else math.nan
-    ctrl_mean = bench.mean(control)
+    # the mean over the measured node-seconds, not over windows: the last window is usually a
+    # short remainder, and an unweighted mean let it count as much as a full one
+    node_s = sum(w["active"] * w["seconds"] for w in cr.windows)
+    ctrl_mean = (
+        sum(w["control_msgs_per_s_per_node"] * w["active"] * w["seconds"] for w in cr.windows)
+        / node_s
+        if node_s
+        else math.nan
+    )
     res: dict[str, Any] = {
         "bench": "churn",
         "overlay": args.overlay,
@@ -509,6 +543,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr")
+    p.add_argument(
+        "--trace-lookups",
+        metavar="FILE",
+        help="write the hop-by-hop events of every incorrect or lost lookup here (JSON lines)",
+    )
     p.add_argument(
         "--set",
         action="append",

@@ -1,0 +1,311 @@
+"""Races of the routing engine under churn and loss, each rebuilt from a traced lookup.
+
+``flockring bench churn --trace-lookups FILE`` logs every datagram of each incorrect or lost
+lookup. Each test below rebuilds one traced course of events in a handful of toy nodes (greedy
+ring routing, ``tests/toy_overlay.py``) on manual clocks, with a tiny wire that hands every
+datagram over at once unless the test drops it (a lost datagram, or one sent to a crashed
+node). The oracle is the ring itself: the lookup must be delivered at the live node closest to
+the key, exactly once, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from toy_overlay import ToyConfig, ToyCore
+
+from overlay import NodeHandle, NodeId
+from overlay.kbr import BaseApplication, KbrConfig, KbrCore, RouteAck, RouteMsg
+from overlay.messages import Message
+from overlay.runtime import ManualRuntime
+from sim_adapter.bench import churn
+
+_STEP = KbrCore._step
+_TIMEOUT = KbrCore._hop_timeout
+
+Drop = Callable[[NodeHandle, NodeHandle, Message], bool]
+
+
+class _Got(BaseApplication):
+    def __init__(self, log: list[tuple[int, Any]], me: int) -> None:
+        self.log = log
+        self.me = me
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        self.log.append((self.me, payload))
+
+
+class _Wire:
+    """Toy nodes on manual clocks; datagrams handed over at once unless ``drop`` says so."""
+
+    def __init__(self, ids: list[int], cfg: ToyConfig, dead: set[int]) -> None:
+        self.got: list[tuple[int, Any]] = []
+        self.dead = dead
+        self.cores: dict[int, ToyCore] = {}
+        self.rts: dict[int, ManualRuntime] = {}
+        for i in ids:
+            rt = ManualRuntime(seed=i)
+            c = ToyCore(rt, NodeHandle(NodeId(i), f"n{i}"), cfg)
+            c.ready = True
+            c.register("app", _Got(self.got, i))
+            self.cores[i] = c
+            self.rts[i] = rt
+        self.drop: Drop = lambda s, d, m: False
+
+    def h(self, i: int) -> NodeHandle:
+        return self.cores[i].handle
+
+    def knows(self, i: int, *others: int) -> None:
+        self.cores[i].known = [self.h(o) for o in others]
+
+    def pump(self) -> None:
+        """Hand over every datagram until the network is quiet."""
+        moved = True
+        while moved:
+            moved = False
+            for i, rt in self.rts.items():
+                for dst, msg in rt.take_sent():
+                    moved = True
+                    assert isinstance(dst, NodeHandle)
+                    d = int(dst.id)
+                    if d in self.dead or self.drop(self.h(i), dst, msg):
+                        continue
+                    self.cores[d].receive(self.h(i), msg)
+
+    def advance(self, seconds: float, step_s: float = 0.05) -> None:
+        """Move every clock on together, handing datagrams over as timers fire."""
+        t = 0.0
+        while t < seconds:
+            for rt in self.rts.values():
+                rt.advance(step_s)
+            self.pump()
+            t += step_s
+
+
+def _once(pred: Callable[[NodeHandle, NodeHandle, Message], bool]) -> Drop:
+    """Drop the first datagram ``pred`` matches (one lost datagram)."""
+    done: list[bool] = []
+
+    def drop(s: NodeHandle, d: NodeHandle, m: Message) -> bool:
+        if not done and pred(s, d, m):
+            done.append(True)
+            return True
+        return False
+
+    return drop
+
+
+_PASTRY_LIKE = ToyConfig(kbr=KbrConfig(hold_returning_copies=True))
+_HOLD_JOINING = ToyConfig(kbr=KbrConfig(hold_returning_copies=True, hold_unready_s=2.0))
+_RING_LIKE = ToyConfig()
+
+
+@pytest.mark.parametrize("cfg", [_PASTRY_LIKE, _RING_LIKE], ids=["hold", "no-hold"])
+def test_the_other_copy_of_a_rerouted_hop_is_not_taken_for_a_loop(cfg: ToyConfig) -> None:
+    # Traced (Pastry, N = 2000, 1 % loss, seed 1): the source's first hop A acked, but the ack
+    # was lost; A carried the lookup on to X, next to the key, which sent it to R (the root)
+    # after a dead node D timed out. The source meanwhile rerouted by B, whose copy reached X
+    # one hop longer. X took it for a loop, left out the next hops it had tried (D, R) and
+    # delivered it itself while R still waited on D: "root_excluded".
+    key = 1000
+    s, b, c, a, x, r, d = 100, 400, 800, 500, 990, 1003, 1000
+    w = _Wire([s, a, b, c, x, r, d], cfg, dead={d})
+    w.knows(s, a, b)
+    w.knows(a, x)
+    w.knows(b, c)
+    w.knows(c, x)
+    w.knows(x, d, r)
+    w.knows(r, d)
+    w.drop = _once(lambda src, dst, m: isinstance(m, RouteAck) and src == w.h(a))
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(60.0)  # timeouts, the reroute's copy, D's probe declaring it dead
+    assert w.got == [(r, "k")]  # at the root, once; never at X in its place
+    assert w.cores[x].stats["parallel_copies"] >= 1
+
+
+def test_an_avoided_root_that_answers_its_probe_gets_the_message() -> None:
+    # Traced (Pastry, N = 2000, 1 % loss, seed 1): X sent the lookup to the root R and the
+    # datagram was lost. X suspected R and rerouted by the next-best node D, which had crashed
+    # and was the only way on without R: X retransmitted to D with back-off for 18 s, and
+    # when D's probe declared it dead, delivered the lookup itself — R still excluded, though
+    # R had answered its probe within a second: "root_excluded".
+    key = 1000
+    s, x, r, d = 100, 1010, 1001, 1005
+    w = _Wire([s, x, r, d], _PASTRY_LIKE, dead={d})
+    w.knows(s, x)
+    w.knows(x, r, d)
+    w.drop = _once(lambda src, dst, m: isinstance(m, RouteMsg) and dst == w.h(r))
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(60.0)
+    assert w.got == [(r, "k")]
+    assert w.cores[x].stats["reroutes_on_alive"] == 1
+
+
+def test_a_hop_declared_dead_releases_its_message_at_once() -> None:
+    # Traced (Pastry, N = 2000, 1 % loss, seed 1): the root R got the lookup, but its leaf set
+    # still held a crashed node D closer to the key: D was the only way on, so R retransmitted
+    # to it with back-off (1, 2, 4, 8 RTOs). D's probe declared it dead between two
+    # retransmissions, but R waited for the next one — and crashed meanwhile: the lookup was
+    # lost. The verdict now releases the message at once: R delivers the moment D is dead.
+    key = 1000
+    s, r, d = 100, 1003, 1001
+    w = _Wire([s, r, d], _PASTRY_LIKE, dead={d})
+    w.knows(s, r)
+    w.knows(r, d)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    core = w.cores[r]
+    for _ in range(2000):
+        if core.prox.is_dead(w.h(d)):
+            break
+        w.advance(0.05)
+    assert core.prox.is_dead(w.h(d))
+    assert w.got == [(r, "k")]  # delivered by the verdict, not by the back-off timer after it
+    assert core.stats["reroutes_on_dead"] == 1
+    w.advance(60.0)
+    assert w.got == [(r, "k")]  # and only once
+
+
+def test_a_node_does_not_deliver_in_place_of_a_closer_node_it_only_suspects() -> None:
+    # Traced (Pastry, N = 2000, 5 % loss, seed 1): X, next to the key, held the root R
+    # suspected (a datagram to R had gone unanswered; its probe was in flight). Routing skips
+    # suspected nodes, so X found itself closest and delivered the lookup the moment it arrived,
+    # though R was alive: "root_suspected". Now X sends it to R, retransmitting until R acks
+    # (or is declared dead, when X delivers).
+    key = 1000
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x, r], _PASTRY_LIKE, dead=set())
+    w.knows(s, x)
+    w.knows(x, r)
+    w.cores[x].prox.suspect(w.h(r))
+    assert w.h(r) in w.cores[x].prox.bad
+    w.drop = _once(lambda src, dst, m: type(m).__name__ == "Ping")  # the probe's first ping
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(30.0)
+    assert w.got == [(r, "k")]
+    assert w.cores[x].stats["sent_to_suspected"] == 1
+
+
+def test_a_suspected_closer_node_that_is_dead_is_waited_for_only_until_its_verdict() -> None:
+    key = 1000
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x, r], _PASTRY_LIKE, dead={r})
+    w.knows(s, x)
+    w.knows(x, r)
+    w.cores[x].prox.suspect(w.h(r))
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    core = w.cores[x]
+    for _ in range(2000):
+        if core.prox.is_dead(w.h(r)):
+            break
+        w.advance(0.05)
+    assert core.prox.is_dead(w.h(r)) and w.got == [(x, "k")]  # R is dead: X is the root now
+    w.advance(60.0)
+    assert w.got == [(x, "k")]
+
+
+class _Joining(ToyCore):
+    """A toy node whose join is under way until the test sets ``ready``."""
+
+    def is_joining(self) -> bool:
+        return not self.ready
+
+
+def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
+    # Traced (Pastry, N = 2000, 5 % loss, seed 1): the root R was still joining when the
+    # lookup reached it, so it sent it back to X (it is not responsible for keys yet), and X
+    # delivered it in R's place — R became active 0.17 s later: "root_excluded". R now holds it
+    # for a moment (``hold_unready_s``, off by default) and delivers it when its join ends.
+    key = 1000
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x], _HOLD_JOINING, dead=set())
+    rt = ManualRuntime(seed=r)
+    joining = _Joining(rt, NodeHandle(NodeId(r), f"n{r}"), _HOLD_JOINING)
+    joining.register("app", _Got(w.got, r))
+    w.cores[r] = joining
+    w.rts[r] = rt
+    w.knows(s, x)
+    w.knows(x, r)
+    w.knows(r, x)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    assert w.got == [] and joining.stats["held_unready"] == 1
+    w.advance(0.2)
+    joining.ready = True  # the join ends (MSPastry §3.1: the node becomes active)
+    w.pump()
+    w.advance(30.0)
+    assert w.got == [(r, "k")]
+
+
+def test_a_joining_node_whose_join_does_not_end_still_sends_the_lookup_back() -> None:
+    key = 1000
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x], _HOLD_JOINING, dead=set())
+    rt = ManualRuntime(seed=r)
+    joining = _Joining(rt, NodeHandle(NodeId(r), f"n{r}"), _HOLD_JOINING)
+    joining.register("app", _Got(w.got, r))
+    w.cores[r] = joining
+    w.rts[r] = rt
+    w.knows(s, x)
+    w.knows(x, r)
+    w.knows(r, x)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(30.0)
+    assert w.got == [(x, "k")]  # X is the closest *active* node
+    assert joining.stats["bounced_unready"] == 1
+
+
+def test_a_joining_node_that_rerouted_sends_the_lookup_back_rather_than_deliver_it() -> None:
+    # Traced (Pastry, N = 200, 3-min sessions, 5 % loss): a joining node J got the lookup
+    # while a closer (crashed) node D was still in its leaf set, so it forwarded it there. When
+    # D was declared dead, J's reroute found no other way and J delivered it, though it was not
+    # active yet (the send-back rule applied only to arrivals). The reroute now keeps the
+    # previous hop, and J sends the lookup back to the active root R.
+    key = 1000
+    s, r, j, d = 100, 1006, 1003, 1000
+    w = _Wire([s, r, d], _PASTRY_LIKE, dead={d})
+    rt = ManualRuntime(seed=j)
+    joining = _Joining(rt, NodeHandle(NodeId(j), f"n{j}"), _PASTRY_LIKE)
+    joining.register("app", _Got(w.got, j))
+    w.cores[j] = joining
+    w.rts[j] = rt
+    w.knows(s, r)
+    w.knows(r, j)
+    w.knows(j, d, r)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(60.0)
+    assert w.got == [(r, "k")]
+
+
+def test_the_churn_bench_traces_every_failed_lookup(tmp_path: Path) -> None:
+    # the tool the races above were found with: one JSON line per incorrect or lost lookup,
+    # with its datagrams and the engine's decisions, and the bench's figures unchanged by it
+    p = argparse.ArgumentParser()
+    churn.register(p.add_subparsers())
+    argv = ["churn", "--nodes", "80", "--session-min", "3", "--hours", "0.1", "--warmup-min", "2"]
+    argv += ["--sample-s", "120", "--lookup-rate", "0.05", "--loss", "0.05", "--seed", "3"]
+    plain = churn.run(p.parse_args(argv))
+    out = tmp_path / "trace.jsonl"
+    traced = churn.run(p.parse_args([*argv, "--trace-lookups", str(out)]))
+    for r in (plain, traced):
+        for k in ("wall_s", "peak_rss_mib"):
+            r.pop(k)
+    assert traced == plain
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == plain["incorrect"] + plain["lost"] > 0
+    for d in lines:
+        assert d["label"].split(":")[0] in ("incorrect", "lost")
+        kinds = {e[1] for e in d["events"]}
+        assert "msg" in kinds and "step" in kinds
+    assert KbrCore._step is _STEP and KbrCore._hop_timeout is _TIMEOUT  # wrappers removed
