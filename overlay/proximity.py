@@ -25,13 +25,19 @@ Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 fail
   ``forget_unreferenced_s`` (10 min) is forgotten (DEAD verdicts expire on their own after
   ``dead_memory_s``). Without this, churn leaves every departed neighbour's replacement's
   predecessor in the table for ever: 23 → 73 entries per node over 95 min while 30 were known.
+* Layout: a node holds state for tens of peers (63 per node in a 300-node live swarm, most of
+  them PNS candidates measured during the join), so the table is columnar — a dict from handle
+  to row, the six numbers of every row in one flat ``array('d')`` and the liveness in a
+  ``bytearray`` (:class:`PeerTable`) — ~85 bytes a peer where an object per peer with boxed
+  floats cost ~220. :class:`PeerState` is a read-only view of one row, made on access.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 
 import attrs
@@ -95,19 +101,140 @@ class Pong(Message):
     sent_at: float
 
 
-class PeerState:
-    """What we know about one peer's latency and liveness."""
+#: the doubles of one peer's row, in this order; NaN stands for "no sample yet" (None)
+_SRTT, _RTTVAR, _RTO, _MIN_RTT, _LAST_HEARD, _DEAD_SINCE = range(6)
+_WIDTH = 6
+#: liveness codes in the ``bytearray`` column (index into ``_STATES``)
+_UNKNOWN, _ALIVE, _SUSPECTED, _DEAD = range(4)
+_STATES = (Liveness.UNKNOWN, Liveness.ALIVE, Liveness.SUSPECTED, Liveness.DEAD)
+_NAN = float("nan")
 
-    __slots__ = ("dead_since", "last_heard", "min_rtt", "rto", "rttvar", "srtt", "state")
+
+def _opt(v: float) -> float | None:
+    return None if v != v else v  # NaN: never sampled
+
+
+class PeerState:
+    """What we know about one peer's latency and liveness: a read-only view of its row in a
+    :class:`PeerTable`, valid until that table next forgets a peer (read it, do not keep it)."""
+
+    __slots__ = ("_o", "_r", "_t")
+
+    def __init__(self, table: PeerTable, row: int) -> None:
+        self._t = table
+        self._r = row
+        self._o = row * _WIDTH
+
+    @property
+    def srtt(self) -> float | None:
+        """Smoothed RTT in seconds (RFC 6298 SRTT), None before any sample."""
+        return _opt(self._t.cols[self._o + _SRTT])
+
+    @property
+    def rttvar(self) -> float:
+        """RTT variation in seconds (RFC 6298 RTTVAR)."""
+        return self._t.cols[self._o + _RTTVAR]
+
+    @property
+    def rto(self) -> float:
+        """Retransmission timeout in seconds."""
+        return self._t.cols[self._o + _RTO]
+
+    @property
+    def min_rtt(self) -> float | None:
+        """Minimum RTT seen in seconds (the PNS metric), None before any sample."""
+        return _opt(self._t.cols[self._o + _MIN_RTT])
+
+    @property
+    def last_heard(self) -> float:
+        """When we last heard from the peer (runtime seconds), -1.0 never."""
+        return self._t.cols[self._o + _LAST_HEARD]
+
+    @property
+    def dead_since(self) -> float:
+        """When the peer was declared DEAD (runtime seconds), -1.0 never."""
+        return self._t.cols[self._o + _DEAD_SINCE]
+
+    @property
+    def state(self) -> Liveness:
+        """Its liveness."""
+        return _STATES[self._t.states[self._r]]
+
+
+class PeerTable:
+    """Every peer a :class:`Proximity` holds state for: ``handle -> row``, and the rows in two
+    columns (``cols``: six doubles a row; ``states``: one liveness code a row). Read like a
+    mapping from handle to :class:`PeerState` (``get``, ``items``, ``in``, ``len``, iteration in
+    insertion order); only its :class:`Proximity` changes it."""
+
+    __slots__ = ("_free", "_init", "cols", "rows", "states")
 
     def __init__(self, initial_rto_s: float) -> None:
-        self.srtt: float | None = None
-        self.rttvar = 0.0
-        self.rto = initial_rto_s
-        self.min_rtt: float | None = None
-        self.state = Liveness.UNKNOWN
-        self.last_heard = -1.0
-        self.dead_since = -1.0
+        #: handle -> row number, in insertion order
+        self.rows: dict[NodeHandle, int] = {}
+        self.cols = array("d")
+        self.states = bytearray()
+        self._free: list[int] = []
+        self._init = array("d", (_NAN, 0.0, initial_rto_s, _NAN, -1.0, -1.0))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[NodeHandle]:
+        return iter(self.rows)
+
+    def __contains__(self, h: object) -> bool:
+        return h in self.rows
+
+    def __getitem__(self, h: NodeHandle) -> PeerState:
+        return PeerState(self, self.rows[h])
+
+    def get(self, h: NodeHandle) -> PeerState | None:
+        """The state of ``h``, or None if we hold none."""
+        r = self.rows.get(h)
+        return None if r is None else PeerState(self, r)
+
+    def items(self) -> Iterator[tuple[NodeHandle, PeerState]]:
+        """``(handle, state)`` for every peer, in insertion order."""
+        for h, r in self.rows.items():
+            yield h, PeerState(self, r)
+
+    def keys(self) -> Iterator[NodeHandle]:
+        """Every handle, in insertion order."""
+        return iter(self.rows)
+
+    def add(self, h: NodeHandle) -> int:
+        """A fresh row for ``h`` (UNKNOWN, no samples, the initial RTO); returns it."""
+        if self._free:
+            r = self._free.pop()
+            o = r * _WIDTH
+            self.cols[o : o + _WIDTH] = self._init
+            self.states[r] = _UNKNOWN
+        else:
+            r = len(self.states)
+            self.cols.extend(self._init)
+            self.states.append(_UNKNOWN)
+        self.rows[h] = r
+        return r
+
+    def remove(self, h: NodeHandle) -> None:
+        """Forget ``h`` (its row is reused by the next :meth:`add`)."""
+        self._free.append(self.rows.pop(h))
+
+    def compact(self) -> None:
+        """Give back the memory of forgotten rows once they are most of the table (views made
+        before this call are invalid after it)."""
+        free = self._free
+        if len(free) <= 8 or len(free) <= len(self.rows):
+            return
+        cols, states = array("d"), bytearray()
+        rows = self.rows
+        for h, r in rows.items():
+            rows[h] = len(states)
+            cols.extend(self.cols[r * _WIDTH : (r + 1) * _WIDTH])
+            states.append(self.states[r])
+        self.rows = dict(rows)  # a dict never shrinks in place; a copy is sized to fit
+        self.cols, self.states, self._free = cols, states, []
 
 
 class _Probe:
@@ -141,7 +268,8 @@ class Proximity:
         self.config = config
         self._on_dead = on_dead
         self._on_alive = on_alive
-        self.peers: dict[NodeHandle, PeerState] = {}
+        #: every peer we hold state for (a mapping handle -> :class:`PeerState` view)
+        self.peers = PeerTable(config.initial_rto_s)
         # ``bad`` is read on every routing hop; an empty frozenset shared by all nodes stands in
         # until the first suspicion (saves ~200 bytes a node at 10^6 simulated nodes).
         self.bad: AbstractSet[NodeHandle] = _NO_BAD
@@ -169,71 +297,82 @@ class Proximity:
     # ------------------------------------------------------------------ queries
     def state(self, h: NodeHandle) -> Liveness:
         """The liveness of ``h`` (ALIVE for a peer we hold no state for)."""
-        p = self.peers.get(h)
-        return p.state if p is not None else Liveness.UNKNOWN
+        r = self.peers.rows.get(h)
+        return _STATES[self.peers.states[r]] if r is not None else Liveness.UNKNOWN
 
     def is_dead(self, h: NodeHandle) -> bool:
         """True if our probes declared ``h`` dead (and the verdict has not expired)."""
-        p = self.peers.get(h)
-        if p is None or p.state is not Liveness.DEAD:
+        t = self.peers
+        r = t.rows.get(h)
+        if r is None or t.states[r] != _DEAD:
             return False
-        return self.runtime.now() - p.dead_since <= self.config.dead_memory_s
+        return self.runtime.now() - t.cols[r * _WIDTH + _DEAD_SINCE] <= self.config.dead_memory_s
 
     def rtt(self, h: NodeHandle) -> float | None:
         """Minimum RTT observed (seconds), or None if never measured (PNS metric)."""
-        p = self.peers.get(h)
-        return p.min_rtt if p is not None else None
+        r = self.peers.rows.get(h)
+        return _opt(self.peers.cols[r * _WIDTH + _MIN_RTT]) if r is not None else None
 
     def srtt(self, h: NodeHandle) -> float | None:
         """Smoothed RTT of ``h`` in seconds (RFC 6298 SRTT), None before any sample."""
-        p = self.peers.get(h)
-        return p.srtt if p is not None else None
+        r = self.peers.rows.get(h)
+        return _opt(self.peers.cols[r * _WIDTH + _SRTT]) if r is not None else None
 
     def rto(self, h: NodeHandle) -> float:
         """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
-        p = self.peers.get(h)
-        return p.rto if p is not None else self.config.initial_rto_s
+        r = self.peers.rows.get(h)
+        return self.peers.cols[r * _WIDTH + _RTO] if r is not None else self.config.initial_rto_s
 
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
         """The liveness of every peer we hold state for."""
-        return {h: p.state for h, p in self.peers.items()}
+        st = self.peers.states
+        return {h: _STATES[st[r]] for h, r in self.peers.rows.items()}
 
     # ------------------------------------------------------------------ updates
-    def _peer(self, h: NodeHandle) -> PeerState:
-        p = self.peers.get(h)
-        if p is None:
-            p = self.peers[h] = PeerState(self.config.initial_rto_s)
-        return p
+    def _peer(self, h: NodeHandle) -> int:
+        """The row of ``h``, made on first use."""
+        r = self.peers.rows.get(h)
+        if r is None:
+            r = self.peers.add(h)
+        return r
 
     def sample(self, h: NodeHandle, rtt_s: float) -> None:
         """Feed one RTT measurement (RFC 6298 §2.2–2.3) and mark the peer ALIVE."""
-        if rtt_s < 0:
+        if not rtt_s >= 0:  # negative, or NaN (which the table reserves for "no sample")
             return
-        p = self._peer(h)
+        r = self._peer(h)
+        f = self.peers.cols
+        o = r * _WIDTH
         c = self.config
-        if p.srtt is None:
-            p.srtt = rtt_s
-            p.rttvar = rtt_s / 2
+        srtt = f[o + _SRTT]
+        if srtt != srtt:  # first sample
+            srtt = rtt_s
+            rttvar = rtt_s / 2
         else:
-            p.rttvar = (1 - c.beta) * p.rttvar + c.beta * abs(p.srtt - rtt_s)
-            p.srtt = (1 - c.alpha) * p.srtt + c.alpha * rtt_s
-        p.rto = min(c.max_rto_s, max(c.min_rto_s, p.srtt + 4 * p.rttvar))
-        if p.min_rtt is None or rtt_s < p.min_rtt:
-            p.min_rtt = rtt_s
-        self._mark_alive(h, p)
+            rttvar = (1 - c.beta) * f[o + _RTTVAR] + c.beta * abs(srtt - rtt_s)
+            srtt = (1 - c.alpha) * srtt + c.alpha * rtt_s
+        f[o + _SRTT] = srtt
+        f[o + _RTTVAR] = rttvar
+        f[o + _RTO] = min(c.max_rto_s, max(c.min_rto_s, srtt + 4 * rttvar))
+        m = f[o + _MIN_RTT]
+        if m != m or rtt_s < m:
+            f[o + _MIN_RTT] = rtt_s
+        self._mark_alive(h, r)
 
     def heard(self, h: NodeHandle) -> None:
         """Any message from ``h`` is proof of life."""
-        p = self.peers.get(h)
-        if p is None:
+        r = self.peers.rows.get(h)
+        if r is None:
             return  # do not allocate state for every passer-by; sample() or probe() will
-        self._mark_alive(h, p)
+        self._mark_alive(h, r)
 
-    def _mark_alive(self, h: NodeHandle, p: PeerState) -> None:
-        p.last_heard = self.runtime.now()
-        if p.state is not Liveness.ALIVE:
-            was_bad = p.state in (Liveness.SUSPECTED, Liveness.DEAD)
-            p.state = Liveness.ALIVE
+    def _mark_alive(self, h: NodeHandle, r: int) -> None:
+        t = self.peers
+        t.cols[r * _WIDTH + _LAST_HEARD] = self.runtime.now()
+        s = t.states[r]
+        if s != _ALIVE:
+            was_bad = s in (_SUSPECTED, _DEAD)
+            t.states[r] = _ALIVE
             self._bad_discard(h)
             if was_bad and self._on_alive is not None:
                 self._on_alive(h)
@@ -242,11 +381,12 @@ class Proximity:
         """Something (a missing route ack) hints that ``h`` failed: suspect it and probe."""
         if h == self.owner:
             return
-        p = self._peer(h)
-        if p.state is Liveness.DEAD:
+        r = self._peer(h)
+        st = self.peers.states
+        if st[r] == _DEAD:
             return
-        if p.state is not Liveness.SUSPECTED:
-            p.state = Liveness.SUSPECTED
+        if st[r] != _SUSPECTED:
+            st[r] = _SUSPECTED
             self._bad_add(h)
         self.probe(h)
 
@@ -256,18 +396,20 @@ class Proximity:
         if pr is not None:
             pr.timer.cancel()
             self._by_nonce.pop(pr.nonce, None)
-        p = self.peers.get(h)
-        if p is not None and p.state is not Liveness.DEAD:
-            del self.peers[h]
+        t = self.peers
+        r = t.rows.get(h)
+        if r is not None and t.states[r] != _DEAD:
+            t.remove(h)
             self._bad_discard(h)
 
     def declare_dead(self, h: NodeHandle) -> None:
         """Record a DEAD verdict (from our own probes) and tell the owner once."""
-        p = self._peer(h)
-        if p.state is Liveness.DEAD:
+        r = self._peer(h)
+        t = self.peers
+        if t.states[r] == _DEAD:
             return
-        p.state = Liveness.DEAD
-        p.dead_since = self.runtime.now()
+        t.states[r] = _DEAD
+        t.cols[r * _WIDTH + _DEAD_SINCE] = self.runtime.now()
         self._bad_add(h)
         self._on_dead(h)
 
@@ -275,14 +417,17 @@ class Proximity:
         """Forget DEAD verdicts older than ``dead_memory_s`` (called from maintenance)."""
         now = self.runtime.now()
         limit = self.config.dead_memory_s
+        t = self.peers
+        st, f = t.states, t.cols
         gone = [
             h
-            for h, p in self.peers.items()
-            if p.state is Liveness.DEAD and now - p.dead_since > limit
+            for h, r in t.rows.items()
+            if st[r] == _DEAD and now - f[r * _WIDTH + _DEAD_SINCE] > limit
         ]
         for h in gone:
-            del self.peers[h]
+            t.remove(h)
             self._bad_discard(h)
+        t.compact()
 
     def forget_unreferenced(self, referenced: AbstractSet[NodeHandle]) -> int:
         """Forget live peers outside ``referenced`` (the handles the owner's tables hold) that
@@ -300,8 +445,10 @@ class Proximity:
             since = self._unreferenced = {}
         probes = self._probes
         gone: list[NodeHandle] = []
-        for h, p in self.peers.items():
-            if h in referenced or h in probes or p.state is Liveness.DEAD:
+        t = self.peers
+        st = t.states
+        for h, r in t.rows.items():
+            if h in referenced or h in probes or st[r] == _DEAD:
                 since.pop(h, None)
                 continue
             t0 = since.setdefault(h, now)
@@ -310,9 +457,11 @@ class Proximity:
         for h in gone:
             del since[h]
             self.forget(h)
-        for h in [h for h in since if h not in self.peers]:
+        rows = t.rows
+        for h in [h for h in since if h not in rows]:
             del since[h]
         self.forgotten += len(gone)
+        t.compact()
         return len(gone)
 
     def stop(self) -> None:
@@ -361,9 +510,10 @@ class Proximity:
         pr = self._by_nonce.get(nonce)
         if pr is None:
             return
-        p = self._peer(h)
-        if p.state is not Liveness.DEAD and p.state is not Liveness.SUSPECTED:
-            p.state = Liveness.SUSPECTED
+        r = self._peer(h)
+        st = self.peers.states
+        if st[r] != _DEAD and st[r] != _SUSPECTED:
+            st[r] = _SUSPECTED
             self._bad_add(h)
         if pr.attempt < self.config.probe_retries:
             self._send_probe(h, pr.attempt + 1, pr)

@@ -15,7 +15,7 @@ from overlay.messages import Message
 from overlay.pastry import PastryConfig
 from overlay.pastry.messages import Heartbeat
 
-#: MSPastry's mode (the default, explicit here): most tests here are about the left neighbour's lease
+#: MSPastry's mode (the default, explicit here): most tests are about the left neighbour's lease
 LEFT_ONLY = PastryConfig(heartbeat_left_only=True)
 
 

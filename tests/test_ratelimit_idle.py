@@ -35,3 +35,19 @@ def test_a_quiet_table_shrinks() -> None:
     assert len(lim) == 500
     lim.admit_frame("udp://10.9.9.9:1", 100.0)  # every other source has refilled by now
     assert len(lim) == 1 and len(lim._data) == 5
+
+
+def test_a_table_shrinks_without_new_sources_and_gives_back_its_dict() -> None:
+    lim = SourceLimiter(RateLimits(forget_idle=True))
+    old = "udp://10.0.0.1:1"
+    for i in range(500):
+        lim.admit_frame(f"udp://10.0.{i // 256}.{i % 256}:1", 0.0)
+    big = lim._table
+    assert len(lim) == 500
+    lim.admit_frame(old, 100.0)  # a source already known: still a sweep
+    assert len(lim) == 1 and len(lim._data) == 5
+    assert lim._table is not big and list(lim._table) == [old]
+    # the swept source is a new entry again: a full burst, as if never seen
+    fresh = SourceLimiter(RateLimits(forget_idle=True))
+    fresh.admit_frame(old, 100.0)
+    assert lim._data.tolist() == fresh._data.tolist()

@@ -173,7 +173,9 @@ class Verifier:
         #: count-min sketch (Cormode & Muthukrishnan 2005) of two rows of 256 one-byte counters:
         #: sustained traffic from one peer, which is when a session pays off. It overcounts
         #: only when a sender collides in both rows (a handshake comes early), never undercounts
-        self._freq = array("B", bytes(512))
+        #: (made at the first signed frame: a verifier that accepts only unsigned ones never
+        #: needs it)
+        self._freq: array[int] | None = None
         self._freq_decay = 0
         #: that count for the sender of the last accepted frame
         self.last_recent = 0
@@ -184,10 +186,12 @@ class Verifier:
         if why is not None:
             self.counters[why] += 1
             return False
-        if now >= self._freq_decay:
-            self._freq = array("B", [x >> 1 for x in self._freq])
-            self._freq_decay = now + self._window_us
         freq = self._freq
+        if now >= self._freq_decay or freq is None:
+            freq = self._freq = (
+                array("B", bytes(512)) if freq is None else array("B", [x >> 1 for x in freq])
+            )
+            self._freq_decay = now + self._window_us
         h = hash(sender)
         i, j = h & 255, 256 + ((h >> 8) & 255)
         a, b = freq[i], freq[j]

@@ -4,20 +4,25 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
 
 * The node implements :class:`overlay.runtime.Runtime` for its core: ``now()`` is
   ``trio.current_time()`` (so ``trio.testing.MockClock`` drives a whole swarm in virtual time),
-  ``call_later`` pushes onto *one* heap served by *one* timer task, ``send`` encodes the message
+  ``call_later`` pushes onto the process's one timer heap (:mod:`overlay.live.reactor`),
+  ``send`` (:mod:`overlay.live.send`) encodes the message
   (``overlay/wire.py``), seals it — as an AEAD record of the session held with that peer
   (``transports/session.py``: Noise XX handshake bound to both Ed25519 identities), or, with
   none, as an Ed25519-signed envelope (``transports/auth.py``) — and hands the bytes to the
   transport's non-blocking ``send_nowait``. Peers that exchange sustained traffic handshake in
   the background; control traffic and bootstrap messages stay signed.
-* One receive task reads the transport, opens each frame (session record: index, replay window,
+* The receive path (:mod:`overlay.live.receive`; a UDP socket is read by the process's one
+  poller, other transports by a receive task of the node's) opens each frame (session record:
+  index, replay window,
   AEAD tag; envelope: limits, signature, replay window), decodes the message (type-checked: the
   trust boundary) and calls ``core.receive(src, msg)`` with ``src = NodeHandle(SHA-1(verified
   key), address)``. Anything malformed, forged, replayed, unsigned or over a per-source rate
   limit (:mod:`overlay.live.ratelimit`) is dropped and counted in :attr:`Node.stats`.
-* All tasks live in one supervisor task inside the nursery the ``async with`` opens; leaving the
-  block stops the core (a clean leave where the overlay offers one) and cancels them; no task is
-  ever spawned fire-and-forget.
+* A node on UDP has no task of its own: its timers and its socket are served by the two system
+  tasks of the process's :class:`~overlay.live.reactor.Reactor` (one per trio run), which drop
+  a closed node's timers and stop reading its socket. A node on another transport runs its
+  receive task in the nursery its ``async with`` opens. Leaving the block stops the core (a clean
+  leave where the overlay offers one); no task is ever spawned fire-and-forget.
 * The trio world meets the callback world in small adapters: :meth:`Node.join` waits on the
   core's ``on_done``; :class:`Endpoint` turns ``deliver`` upcalls into an async iterator;
   :meth:`Node.probe` waits on a proximity callback. Timeouts map to our own exceptions.
@@ -29,7 +34,9 @@ Theory of operation (docs/live.md; the h11/aioquic "sans-io core + thin driver" 
   before anything is sent, since no peer could reach it.
 
 Split by concern (each module re-exported here): :mod:`overlay.live.runtime` (the Runtime: clock,
-timer heap, sends), :mod:`overlay.live.apps` (application endpoints and the lookup application),
+timers, sends), :mod:`overlay.live.reactor` (the process's timer heap and socket poller),
+:mod:`overlay.live.receive` and :mod:`overlay.live.send` (the two halves of the I/O path),
+:mod:`overlay.live.apps` (application endpoints and the lookup application),
 :mod:`overlay.live.control` (the control messages and :class:`ControlClient`),
 :mod:`overlay.live.serving` (how this node admits and answers control requests).
 """
@@ -53,7 +60,7 @@ from overlay.errors import (
     NotReadyError,
     OverlayError,
 )
-from overlay.handle import Address, NodeHandle
+from overlay.handle import NodeHandle
 from overlay.identity import Identity
 from overlay.ids import NodeId
 from overlay.kbr import KbrCore
@@ -66,20 +73,20 @@ from overlay.live.control import (
     StatusRequest,
     await_reply,
 )
-from overlay.live.gate import ControlGate, TokenBucket
 from overlay.live.ratelimit import RateLimits, SourceLimiter
 from overlay.live.runtime import TrioRuntime, exit_nursery
-from overlay.live.serving import ControlHandler, ControlServer
+from overlay.live.send import Sender
+from overlay.live.serving import ControlHandler
 from overlay.messages import Message
 from overlay.multicast import Multicast
 from overlay.multicast import attach as attach_multicast
-from overlay.wire import Wire, WireError, encode_message, intern_handle
+from overlay.wire import Wire
 from transports.address import MAX_ADDRESS_LEN, AddressError, advertised_address, parse_address
 from transports.auth import Signer, Verifier
 from transports.base import Transport
 from transports.codec import Limits
-from transports.pair import PAIR, PairKeys, known_key
-from transports.session import DROP_COUNTERS, SessionConfig, Sessions, is_session_frame
+from transports.pair import PairKeys
+from transports.session import DROP_COUNTERS, SessionConfig, Sessions
 
 __all__ = [
     "LOOKUP_APP",
@@ -106,13 +113,7 @@ _OVERLAYS: dict[str, tuple[str, str]] = {
     "smallworld": ("overlay.smallworld.core", "SmallWorldCore"),
 }
 
-#: datagrams handled per wake-up of the receive task before it yields to the scheduler
-_BURST = 64
-
-#: HELLOs answered (and unknown-session hints sent): 100/s, 200 at once — more than a joining
-#: node meets; a flood costs < 2 % of a core (~120 µs each) and refused peers stay signed
-_HANDSHAKE_RATE_PER_S, _HANDSHAKE_BURST, _SESSIONS = 100.0, 200.0, SessionConfig()
-_PAIR_BYTE = bytes((PAIR,))
+_SESSIONS = SessionConfig()
 #: the default limits of a live node: a source is forgotten once its buckets have refilled
 _RATE_LIMITS = RateLimits(forget_idle=True)
 
@@ -121,7 +122,7 @@ class ProbeError(OverlayError):
     """A probed peer did not answer (declared dead) or the probe timed out."""
 
 
-class Node(ControlServer):
+class Node(Sender):
     """A live overlay node: ``async with Node(transport, overlay="pastry") as node``.
 
     ``identity`` defaults to a fresh key; ``config`` is the overlay's config
@@ -136,6 +137,41 @@ class Node(ControlServer):
     (:class:`~transports.address.WildcardAddressError` otherwise). ``rate_limits``: per-source
     budgets on what peers send (:class:`~overlay.live.ratelimit.RateLimits`; None: defaults).
     """
+
+    # slots: a node has ~35 attributes, and an instance dict that size costs ~1.5 KiB
+    __slots__ = (
+        "_address",
+        "_closed",
+        "_closed_event",
+        "_control_handlers",
+        "_core",
+        "_core_kwargs",
+        "_counters",
+        "_ctl_waiters",
+        "_entered",
+        "_factory",
+        "_limiter",
+        "_nursery_cm",
+        "_own_id_bytes",
+        "_pair_on",
+        "_relays",
+        "_rng",
+        "_runtime",
+        "_scheme",
+        "_session_config",
+        "_signer",
+        "_started_at",
+        "_use_reply_to",
+        "_verifier",
+        "_wire",
+        "config",
+        "identity",
+        "join_timeout_s",
+        "multicast",
+        "overlay",
+        "signing",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -202,14 +238,16 @@ class Node(ControlServer):
         self._runtime: TrioRuntime | None = None
         self._nursery_cm: Any = None
         self._scope: trio.CancelScope | None = None
+        self._reading = None
+        self._entered = False
         self._use_reply_to = self._address.startswith("tcp://")
         self._scheme = self._address.partition("://")[0]
         self._started_at = 0.0
         self._closed = False
-        self.closed_event = trio.Event()
+        self._closed_event: trio.Event | None = None  # made when someone waits for it
         self._ctl_waiters: dict[int, Callable[[Message], None]] = {}
         self._control_handlers: dict[type[Message], ControlHandler] = {}
-        self._gate = ControlGate()
+        self._gate_ = None
         self._limiter = SourceLimiter(rate_limits if rate_limits is not None else _RATE_LIMITS)
         self._own_id_bytes = self.identity.id.to_bytes_be()
         #: control lookups routed for an asker: nonce -> (where the asker was observed, until)
@@ -313,18 +351,6 @@ class Node(ControlServer):
         first handshake)."""
         return self._sessions
 
-    def _open_sessions(self, config: SessionConfig) -> Sessions:
-        s = self._sessions
-        if s is None:
-            s = self._sessions = Sessions(
-                self.identity.private_key,
-                self._address,
-                self.transport.send_nowait,
-                config=config,
-                admit=TokenBucket(_HANDSHAKE_RATE_PER_S, _HANDSHAKE_BURST).admit,
-            )
-        return s
-
     def dropped(self) -> int:
         """Total inputs dropped at the trust boundary (codec, auth, session and wire)."""
         a = sum(v for k, v in self._verifier.counters.items() if k != "accepted")
@@ -354,8 +380,9 @@ class Node(ControlServer):
         return core
 
     async def __aenter__(self) -> Node:
-        if self._nursery_cm is not None:
+        if self._entered:
             raise OverlayError("a Node can be entered only once")
+        self._entered = True
         runtime = TrioRuntime(self, self._rng)
         self._runtime = runtime
         core = self._make_core(runtime)
@@ -364,19 +391,23 @@ class Node(ControlServer):
         self.multicast = attach_multicast(core)
         self._core = core
         self._started_at = trio.current_time()
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
+        # Timers run on the process's one timer heap, a UDP socket is read by the process's
+        # one poller (overlay.live.reactor): such a node has no task and no nursery of its own.
+        # Other transports get a receive task in a nursery of the node's; it owns the one
+        # cancel scope that _halt() cancels.
+        nursery = None
         try:
-            # Two tasks, straight in the node's nursery (no supervisor task, no inner nursery:
-            # ~3 KiB a node). The timer task ends when the node closes; the receive task owns
-            # the one cancel scope that _halt() cancels.
-            nursery.start_soon(runtime.run)
-            nursery.start_soon(self._receive_loop)
+            if not self._start_receiving(runtime.reactor, None):
+                self._nursery_cm = trio.open_nursery()
+                nursery = await self._nursery_cm.__aenter__()
+                self._start_receiving(runtime.reactor, nursery)
             core.start()
         except BaseException:
             self._halt()
-            await self._nursery_cm.__aexit__(None, None, None)
+            if self._nursery_cm is not None:
+                await self._nursery_cm.__aexit__(None, None, None)
             raise
+        await trio.lowlevel.checkpoint()
         return self
 
     async def __aexit__(
@@ -386,6 +417,9 @@ class Node(ControlServer):
         tb: TracebackType | None,
     ) -> bool | None:
         self.leave()
+        if self._nursery_cm is None:
+            await trio.lowlevel.checkpoint()
+            return None
         return await exit_nursery(self._nursery_cm, exc_type, exc, tb)
 
     def leave(self) -> None:
@@ -412,154 +446,24 @@ class Node(ControlServer):
         self._closed = True
         if self._core is not None:
             self._core.stop()
-        if self._scope is not None:
-            self._scope.cancel()
-        rt = self._runtime
-        if rt is not None and rt._wakeup is not None:
-            rt._wakeup.set()
-        self.closed_event.set()
+        self._stop_receiving()
+        if self._closed_event is not None:
+            self._closed_event.set()
+
+    @property
+    def closed_event(self) -> trio.Event:
+        """Set once the node has left, crashed or been closed."""
+        ev = self._closed_event
+        if ev is None:
+            ev = self._closed_event = trio.Event()
+            if self._closed:
+                ev.set()
+        return ev
 
     @property
     def closed(self) -> bool:
         """True once the node has left, crashed or been closed."""
         return self._closed
-
-    # ------------------------------------------------------------------ I/O
-    def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
-        """Encode, sign and send ``msg`` to ``address`` (``peer``: the receiver's id, if known)."""
-        self._send(address, msg, peer, True)
-
-    def send_to_member(self, address: Address, msg: Message, peer: NodeId) -> None:
-        """Like :meth:`send_message` for the core's traffic to another member: a pair frame
-        (``transports/pair.py``) when this process verified ``peer``'s key. Control replies and
-        lookup answers, which may go to a tool that opens signed envelopes only, stay signed."""
-        self._send(address, msg, peer, True, self._pair_on)
-
-    def send_unbound(self, address: Address, msg: Message, peer: NodeId | None) -> None:
-        """Like :meth:`send_message`, but the envelope is bound to no receiver id: a lookup
-        answer that the node at ``address`` forwards as it is to its asker. ``peer`` still lets
-        TLS check whom it reached."""
-        self._send(address, msg, peer, False)
-
-    def _send(
-        self, address: Address, msg: Message, peer: NodeId | None, bind: bool, pair: bool = False
-    ) -> None:
-        if self._closed:
-            return
-        if not isinstance(address, str):
-            self._counters["send_bad_address"] += 1
-            return
-        try:
-            body = encode_message(msg)
-        except WireError:
-            self._counters["encode_errors"] += 1
-            log.exception("cannot encode %s", type(msg).__name__)
-            return
-        to = peer.to_bytes_be() if peer is not None else None
-        frame = None
-        if bind and to is not None and self._sessions is not None:
-            frame = self._sessions.seal(to, address, body, trio.current_time())
-        if frame is None and pair and to is not None:
-            frame = self._seal_pair(to, body)
-        if frame is None:
-            frame = self._signer.seal(self._address, body, to if bind else None)
-        self.transport.send_nowait(address, frame, to)
-
-    def _pair_keys(self) -> PairKeys:
-        p = self._pair
-        if p is None:
-            cfg = self._session_config
-            p = self._pair = PairKeys(
-                self.identity.private_key,
-                self._signer.sender,
-                cache=cfg.pair_cache if cfg is not None else 128,
-            )
-        return p
-
-    def _seal_pair(self, to: bytes, body: bytes) -> bytes | None:
-        """A pair frame to ``to`` if this process verified its key, else None (sign)."""
-        peer = known_key(to)
-        if peer is None:
-            return None
-        frame = self._pair_keys().seal(peer, to, self._signer.next_seq(), self._address, body)
-        if frame is not None:
-            self._counters["pair_sent"] += 1
-        return frame
-
-    async def _receive_loop(self) -> None:
-        transport = self.transport
-        # A transport may offer ``receive_nowait() -> (src, data) | None``: after each wake-up
-        # the datagrams already queued are handled without a trip through the scheduler.
-        nowait: Callable[[], tuple[str, bytes] | None] | None = getattr(
-            transport, "receive_nowait", None
-        )
-        with trio.CancelScope() as scope:
-            self._scope = scope
-            while not self._closed:
-                try:
-                    item: tuple[str, bytes] | None = await transport.receive()
-                except trio.ClosedResourceError:
-                    return
-                burst = 0
-                while item is not None:
-                    try:
-                        self._on_datagram(item[0], item[1])
-                    except Exception:  # a bug in a core must not kill the node: count and log
-                        self._counters["receive_errors"] += 1
-                        log.exception("error handling a datagram on %r", self.handle)
-                    burst += 1
-                    if nowait is None or burst >= _BURST or self._closed:
-                        break
-                    item = nowait()
-
-    def _on_datagram(self, src_addr: str, data: bytes) -> None:
-        now = trio.current_time()
-        if not self._limiter.admit_frame(src_addr, now):  # before the costly opening
-            return
-        cfg = self._session_config
-        pair = False
-        if cfg is not None and is_session_frame(data):
-            self._counters["session_frames"] += 1
-            opened = self._open_sessions(cfg).receive(src_addr, data, now)
-        elif data[:1] == _PAIR_BYTE and self._pair_on:
-            opened = self._verifier.open_pair(data, self._pair_keys())
-            pair = True
-        else:
-            opened = self._verifier.open(data)
-        if opened is None:
-            return
-        msg = self._wire.decode(opened.body)
-        if msg is None:
-            return
-        if opened.sender_hash == self._own_id_bytes:
-            self._counters["own_id_dropped"] += 1
-            return
-        address = src_addr
-        if self._use_reply_to:
-            try:
-                parse_address(opened.reply_to, self._scheme)
-                address = opened.reply_to
-            except AddressError:
-                self._counters["bad_reply_address"] += 1
-                return
-        if not self._limiter.admit_message(src_addr, msg, now):
-            return
-        if self._control_message(msg, opened, src_addr, address, data):
-            return
-        src = intern_handle(opened.sender_hash, address)
-        core = self._core
-        if core is not None:
-            if cfg is not None and opened.sender_key is not None:
-                # a signed or pair frame from a member: sustained traffic earns a session
-                recent = self._verifier.last_recent
-                want = cfg.handshake_after_frames
-                if pair:
-                    want = cfg.handshake_after_pair_frames or 4 * want
-                if self._sessions is not None or recent >= want:
-                    self._open_sessions(cfg).consider(
-                        opened.sender_hash, address, recent, now, want
-                    )
-            core.receive(src, msg)
 
     # ------------------------------------------------------------------ API
     def require_core(self) -> KbrCore:

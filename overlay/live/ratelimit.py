@@ -127,7 +127,8 @@ class SourceLimiter:
     """The buckets of every source a node hears from (one per node; not thread-safe)."""
 
     __slots__ = (
-        "_burst", "_data", "_free", "_idle_s", "_max", "_rate", "_table", "counters", "limits",
+        "_burst", "_data", "_free", "_idle_s", "_max", "_rate", "_sweep_at", "_table", "counters",
+        "limits",
     )  # fmt: skip
 
     def __init__(self, limits: RateLimits | None = None) -> None:
@@ -150,6 +151,8 @@ class SourceLimiter:
         #: limits are enabled, so ``burst / rate`` refills any bucket; a margin for rounding)
         refill = zip(self._burst[1:], self._rate[1:], strict=True)
         self._idle_s = max(b / r for b, r in refill) * 1.01 + 1e-3
+        #: when the table is next swept for idle sources even if no new source came
+        self._sweep_at = 0.0
         #: ``frames`` (every datagram seen), ``dropped_<bucket>``, ``admitted_<kind>``,
         #: ``evicted`` (sources pushed out of the table)
         self.counters: Counter[str] = Counter()
@@ -160,12 +163,17 @@ class SourceLimiter:
 
     def _entry(self, src: str, now: float) -> int:
         """The offset in ``_data`` of ``src``'s row, its buckets refilled up to ``now``."""
+        if now >= self._sweep_at and self.limits.forget_idle:
+            # a node that stopped meeting new peers still forgets the old ones (the sweep stops
+            # at the first source heard recently: O(1) when there is nothing to forget)
+            self._sweep_at = now + self._idle_s
+            self._drop_idle(now)
         table, d = self._table, self._data
         row = table.pop(src, None)
         if row is None:
             if table and self.limits.forget_idle:
                 self._drop_idle(now)
-                d = self._data
+                table, d = self._table, self._data
             if len(table) >= self._max:
                 old = next(iter(table))  # least recently heard
                 self._free.append(table.pop(old))
@@ -215,6 +223,7 @@ class SourceLimiter:
                 nd.extend(d[row * 5 : row * 5 + 5])
             self._data = nd
             self._free = []
+            self._table = dict(table)  # a dict never shrinks in place; a copy is sized to fit
 
     def admit_frame(self, src: str, now: float) -> bool:
         """Take a frame token from ``src`` (before the frame is opened); False: drop it."""

@@ -62,11 +62,13 @@ _RELAY_TTL_S = 30.0
 class ControlServer:
     """The control-request side of :class:`overlay.Node` (state is the node's own)."""
 
+    __slots__ = ("_gate_",)
+
     transport: Transport
     _address: str
     _core: KbrCore | None
     _counters: Counter[str]
-    _gate: ControlGate
+    _gate_: ControlGate | None
     _signer: Signer
     _relays: dict[int, tuple[str, float]]
     _control_handlers: dict[type[Message], ControlHandler]
@@ -99,6 +101,14 @@ class ControlServer:
         def send_message(self, address: Address, msg: Message, peer: NodeId | None) -> None:
             """Sign and send a message."""
 
+    def _gate(self) -> ControlGate:
+        """The node's control gate, made at the first control request (~0.5 KiB; most members
+        of a swarm are never asked)."""
+        g = self._gate_
+        if g is None:
+            g = self._gate_ = ControlGate()
+        return g
+
     def _control_message(
         self, msg: Message, opened: Opened, src_addr: str, address: str, data: bytes
     ) -> bool:
@@ -112,7 +122,7 @@ class ControlServer:
             asker = intern_handle(opened.sender_hash, src_addr)
             if t is Proven:
                 assert isinstance(msg, Proven)
-                proven = self._gate.valid(msg.cookie, src_addr, trio.current_time())
+                proven = self._gate().valid(msg.cookie, src_addr, trio.current_time())
                 self._admit_control(asker, msg.request, proven, len(data))
             else:
                 self._admit_control(asker, msg, False, len(data))
@@ -170,7 +180,7 @@ class ControlServer:
         (``size`` bytes): :mod:`overlay.live.gate`, no amplification."""
         now = trio.current_time()
         addr = str(src.address)
-        if not self._gate.admit(addr, now):
+        if not self._gate().admit(addr, now):
             self._counters["control_rate_limited"] += 1
             return
         t = type(msg)
@@ -179,7 +189,7 @@ class ControlServer:
             if not isinstance(nonce, int):
                 self._counters["control_unknown"] += 1
                 return
-            body = encode_message(CookieReply(nonce, self._gate.cookie(addr, now)))
+            body = encode_message(CookieReply(nonce, self._gate().cookie(addr, now)))
             frame = self._signer.seal(self._address, body, None)
             if len(frame) > size:
                 self._counters["control_unpadded"] += 1

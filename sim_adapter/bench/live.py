@@ -17,6 +17,12 @@ sustained traffic, Ed25519-signed datagrams otherwise); ``--signing all`` adds a
 an Ed25519 signature on every datagram (sessions off), the scheme sessions replace. kademlia is
 installed into a throwaway venv (default ``/tmp/flockring-kademlia-venv``), never into the
 project's; if it cannot be installed or its script is absent, the JSON says so and why.
+
+Diagnostics of one worker: ``bringup_by_tenth`` gives, per tenth of the bring-up, the wall and
+CPU milliseconds, datagrams and pair-key derivations per join (how a join's cost grows with the
+ring); ``--trace-memory TOP`` (worker only) adds ``memory_per_node``: tracemalloc from the
+baseline on, by source line and by file, and an object census by type, per node
+(docs/transports.md, "Memory").
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sim_adapter import bench
+from sim_adapter.bench.live_memory import census, memory_report
 
 KADEMLIA_VERSION = "2.2.3"
 DEFAULT_KADEMLIA_VENV = "/tmp/flockring-kademlia-venv"
@@ -81,6 +88,8 @@ async def _worker(
     boot: int,
     by_type: bool = False,
     sessions: bool = True,
+    trace_memory: int = 0,
+    gc_freeze: bool = False,
 ) -> dict[str, Any]:
     import gc
     from collections import Counter
@@ -107,17 +116,22 @@ async def _worker(
         orig_send = Node.send_message
         orig_member = Node.send_to_member
 
-        def counting_send(self: Node, address: Any, msg: Any, peer: Any) -> None:
+        def counting_send(self: Any, address: Any, msg: Any, peer: Any) -> None:
             kinds[_msg_kind(msg)] += 1
             orig_send(self, address, msg, peer)
 
-        def counting_member(self: Node, address: Any, msg: Any, peer: Any) -> None:
+        def counting_member(self: Any, address: Any, msg: Any, peer: Any) -> None:
             kinds[_msg_kind(msg)] += 1
             orig_member(self, address, msg, peer)
 
         Node.send_message = counting_send  # type: ignore[method-assign]
         Node.send_to_member = counting_member  # type: ignore[method-assign]
     gc.collect()
+    census0 = census() if trace_memory else None
+    if trace_memory:
+        import tracemalloc
+
+        tracemalloc.start(1)
     rss0 = _rss_kib()
     nodes: list[Node] = []
 
@@ -147,7 +161,39 @@ async def _worker(
         c0 = time.process_time()
         join_fail = 0
         join_ms: list[float] = []
-        for _ in range(n):
+        # how the cost of one join grows with the ring: per tenth of the bring-up, the wall and
+        # CPU time, datagrams and pair-key derivations per join (the whole process's, so the
+        # maintenance of the nodes already up counts too)
+        tenths: list[dict[str, float]] = []
+        mark = (t0, c0, 0, 0)
+        # the collector's pauses: a full collection walks every object of every node, and
+        # while it runs no datagram is read and every retransmission timer keeps running
+        pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        gc_t0 = [0.0]
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                gc_t0[0] = time.perf_counter()
+            else:
+                pauses[info["generation"]].append(time.perf_counter() - gc_t0[0])
+
+        gc.callbacks.append(on_gc)
+
+        def derivations() -> int:
+            return sum(x.stats.get("node.pair_derivations", 0) for x in nodes)
+
+        def health() -> dict[str, int]:
+            # what a struggling process shows first: retried hops, probes, suspected peers
+            out = {"reroutes": 0, "probes_sent": 0, "suspected_or_dead": 0}
+            for x in nodes:
+                core = x.running_core
+                if core is not None:
+                    out["reroutes"] += core.stats.get("reroutes", 0)
+                    out["probes_sent"] += core.prox.probes_sent
+                    out["suspected_or_dead"] += len(core.prox.bad)
+            return out
+
+        for i in range(n):
             node = await start_node()
             seeds = [x.address for x in rng.sample(nodes, min(boot, len(nodes)))]
             tj = time.perf_counter()
@@ -157,6 +203,31 @@ async def _worker(
                 join_fail += 1
             join_ms.append((time.perf_counter() - tj) * 1e3)
             nodes.append(node)
+            if gc_freeze:
+                # the nodes up so far leave the collector's view: a full collection then walks
+                # only what was made since, and its pause stops growing with the ring
+                gc.freeze()
+            if (i + 1) % max(1, n // 10) == 0 or i + 1 == n:
+                now = (time.perf_counter(), time.process_time(), sent_total(), derivations())
+                k = max(1, i + 1 - int(tenths[-1]["joined"]) if tenths else i + 1)
+                tenths.append(
+                    {
+                        "joined": i + 1,
+                        "wall_ms_per_join": round((now[0] - mark[0]) / k * 1e3, 1),
+                        "cpu_ms_per_join": round((now[1] - mark[1]) / k * 1e3, 1),
+                        "datagrams_per_join": round((now[2] - mark[2]) / k, 1),
+                        "pair_derivations_per_join": round((now[3] - mark[3]) / k, 1),
+                        **health(),
+                        "gc_full_collections": len(pauses[2]),
+                        "gc_max_pause_ms": round(
+                            max(max(p, default=0.0) for p in pauses.values()) * 1e3, 1
+                        ),
+                    }
+                )
+                mark = now
+                # streamed too: a run killed before the end still shows where it slowed down
+                print(json.dumps(tenths[-1]), file=sys.stderr, flush=True)
+        gc.callbacks.remove(on_gc)
         t_boot = time.perf_counter() - t0
         cpu_boot = time.process_time() - c0
         boot_dgrams = sent_total()
@@ -164,9 +235,13 @@ async def _worker(
         await trio.sleep(0.5)
         gc.collect()
         rss_boot = _rss_kib()
+        memory = memory_report(n, census0, trace_memory) if trace_memory else None
         idle0, t_idle = sent_total(), time.perf_counter()
+        kinds.clear()
         await trio.sleep(1.0)
-        idle_rate = (sent_total() - idle0) / (time.perf_counter() - t_idle)
+        idle_s = time.perf_counter() - t_idle
+        idle_rate = (sent_total() - idle0) / idle_s
+        idle_kinds = {k: round(v / idle_s / n, 4) for k, v in kinds.most_common()}
 
         ids = [x.id for x in nodes]
         lat: list[float] = []
@@ -217,6 +292,16 @@ async def _worker(
         "join_ms_p50": round(bench.percentile(join_ms, 50), 2),
         "join_ms_p95": round(bench.percentile(join_ms, 95), 2),
         "join_failures": join_fail,
+        "bringup_by_tenth": tenths,
+        "gc_freeze": gc_freeze,
+        "bringup_gc": {
+            f"gen{g}": {
+                "collections": len(p),
+                "total_s": round(sum(p), 3),
+                "max_ms": round(max(p, default=0.0) * 1e3, 1),
+            }
+            for g, p in pauses.items()
+        },
         "ready_nodes": sum(1 for x in nodes if x.ready),
         "leaf_set_mean": round(statistics.mean(leaf), 1),
         "routing_table_mean": round(statistics.mean(rt), 1),
@@ -242,14 +327,17 @@ async def _worker(
         "pair_frames_sent": tot("node.pair_sent"),
         "pair_key_derivations_per_node": round(tot("node.pair_derivations") / n, 1),
         "dropped_malformed": tot("auth.malformed") + tot("wire.malformed"),
+        "send_buffer_full": tot("transport.send_buffer_full"),
         "reroutes": tot("reroutes"),
         "route_dropped": tot("route_dropped"),
+        **({"memory_per_node": memory} if memory is not None else {}),
         **(
             {
                 "bringup_datagrams_by_type_per_join": {
                     k: round(v / max(1, n - 1), 2)
                     for k, v in sorted(boot_kinds.items(), key=lambda kv: -kv[1])
-                }
+                },
+                "idle_datagrams_by_type_per_node_per_s": idle_kinds,
             }
             if by_type
             else {}
@@ -269,6 +357,14 @@ def _worker_main(argv: list[str]) -> int:
     ap.add_argument("--signing", choices=("on", "off"), default="on")
     ap.add_argument("--sessions", choices=("on", "off"), default="on")
     ap.add_argument("--by-type", action="store_true", help="count bring-up datagrams by type")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after each join")
+    ap.add_argument(
+        "--trace-memory",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="report the TOP allocation sites, files and object types per node (slow)",
+    )
     a = ap.parse_args(argv)
     import logging
 
@@ -282,6 +378,8 @@ def _worker_main(argv: list[str]) -> int:
         a.boot,
         a.by_type,
         a.sessions == "on",
+        a.trace_memory,
+        a.gc_freeze,
     )
     print(json.dumps(res))
     return 0
@@ -365,6 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }[m]
         flags = ["--signing", "off" if m == "off" else "on"]
         flags += ["--sessions", "off" if m == "datagram" else "on"]
+        flags += ["--gc-freeze"] if args.gc_freeze else []
         result[key] = _run_child([*me, *common, *flags], args.timeout)
     kad: dict[str, Any]
     if args.no_kademlia:
@@ -451,6 +550,12 @@ def register(sub: Any) -> None:
         "Ed25519 signature on every datagram (sessions off); both: off and on; all: the three",
     )
     p.add_argument("--no-kademlia", action="store_true", help="skip the kademlia comparison")
+    p.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after each join (one process hosting thousands of nodes: keeps the "
+        "collector's full pauses from growing with the ring; see bringup_gc)",
+    )
     p.add_argument("--kademlia-venv", default=DEFAULT_KADEMLIA_VENV, metavar="DIR")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker")
     p.add_argument("--json", action="store_true")
