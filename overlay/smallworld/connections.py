@@ -12,6 +12,14 @@ Theory of operation (PonD §2.2; Brunet ``ConnectionTable`` and the near/shortcu
   happens to fall inside the window counts as near, not as a shortcut (Brunet's NeedShortcut
   does the same). A connection that is neither in the window nor an out/in shortcut is
   *surplus* and gets trimmed.
+* **Suspected nodes hold no slot.** Under churn a crashed neighbour stays in the table until
+  its probe ends (tens of seconds at 5-minute sessions). Counted as a member, it would keep the
+  live node next in line out: a live node offered then is refused and a live connection
+  there is trimmed, so when the crash is confirmed its keys go to the wrong node until a
+  repair relearns the neighbour. Given the suspected set, :meth:`ConnectionTable.fits_near`,
+  :meth:`~ConnectionTable.surplus` and :meth:`~ConnectionTable.needed` count only live
+  connections, keeping the live window (``near_per_side`` live ones per side) as reserve
+  behind the suspected ones (measured: docs/smallworld.md, "Short sessions").
 * Memory is the constraint at 10^6 simulated nodes, so the table is three tuples of shared
   :class:`NodeHandle` references (8 bytes per connection) plus the cached size estimate; no
   per-connection objects, dicts or sets. Tuples are rebuilt on change: changes are rare
@@ -28,6 +36,7 @@ from overlay.ids import HALF_RING, RING
 from overlay.smallworld.estimate import estimate_size
 
 _EMPTY: tuple[NodeHandle, ...] = ()
+_NO_BAD: frozenset[NodeHandle] = frozenset()
 
 
 class ConnectionTable:
@@ -88,17 +97,39 @@ class ConnectionTable:
         k = self.near
         return n <= 2 * k or i < k or i >= n - k
 
-    def fits_near(self, x: int) -> bool:
-        """Would a node with id ``x`` (not yet connected) enter the near window?"""
+    def fits_near(self, x: int, bad: AbstractSet[NodeHandle] = _NO_BAD) -> bool:
+        """Would a node with id ``x`` (not yet connected) enter the near window? Connections in
+        ``bad`` (suspected or dead) hold no slot: ``x`` fits if it is closer than the
+        ``near_per_side``-th live connection on its side."""
         a = self.all
         n = len(a)
         k = self.near
+        d = (x - self.me) % RING
+        if bad and any(h in bad for h in a):
+            live = [h for h in a if h not in bad]
+            if len(live) < 2 * k:
+                return d != 0
+            a, n = tuple(live), len(live)
         if n < 2 * k:
             return True
-        d = (x - self.me) % RING
         if d == 0:
             return False
         return d < (a[k - 1].id - self.me) % RING or d > (a[n - k].id - self.me) % RING
+
+    def live_window(self, bad: AbstractSet[NodeHandle]) -> set[NodeHandle]:
+        """The ``near_per_side`` closest connections on each side that are not in ``bad``."""
+        k = self.near
+        a = self.all
+        out: set[NodeHandle] = set()
+        for seq in (a, a[::-1]):
+            got = 0
+            for h in seq:
+                if got >= k:
+                    break
+                if h not in bad:
+                    out.add(h)
+                    got += 1
+        return out
 
     def effective_out(self) -> list[NodeHandle]:
         """Own shortcuts that are not inside the near window (the ones that count)."""
@@ -107,14 +138,19 @@ class ConnectionTable:
         near = self.near_nodes()
         return [h for h in self.out if h not in near]
 
-    def surplus(self) -> list[NodeHandle]:
-        """Connections outside the near window that no shortcut (out or in) justifies."""
+    def surplus(self, bad: AbstractSet[NodeHandle] = _NO_BAD) -> list[NodeHandle]:
+        """Connections outside the near window that no shortcut (out or in) justifies — nor the
+        live window, when ``bad`` connections sit inside the near window."""
         a = self.all
         k = self.near
         if len(a) <= 2 * k:
             return []
         keep_out, keep_in = self.out, self.inc
-        return [h for h in a[k:-k] if h not in keep_out and h not in keep_in]
+        extra = [h for h in a[k:-k] if h not in keep_out and h not in keep_in]
+        if extra and bad and any(h in bad for h in self.near_nodes()):
+            live = self.live_window(bad)
+            extra = [h for h in extra if h not in live]
+        return extra
 
     def in_range(self, begin: int, end: int, bad: AbstractSet[NodeHandle]) -> list[NodeHandle]:
         """Connections in the clockwise half-open range [begin, end), clockwise from the owner."""
@@ -199,9 +235,12 @@ class ConnectionTable:
         self._set_all(tuple(x for x in self.all if x != h))
         return True
 
-    def needed(self, h: NodeHandle) -> bool:
-        """Is ``h`` near, an own shortcut or someone's shortcut to us?"""
-        return h in self.out or h in self.inc or self.is_near(h)
+    def needed(self, h: NodeHandle, bad: AbstractSet[NodeHandle] = _NO_BAD) -> bool:
+        """Is ``h`` near, an own shortcut, someone's shortcut to us, or (given the suspected
+        connections ``bad``) in the live window?"""
+        if h in self.out or h in self.inc or self.is_near(h):
+            return True
+        return bool(bad) and h in self.live_window(bad)
 
     def load(
         self,

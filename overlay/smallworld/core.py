@@ -13,11 +13,13 @@ Brunet's StructuredNode with its near and shortcut connection overlords):
   every hop, retransmits, suspects a silent next hop and reroutes through the next-best
   connection, so a dead link is routed around, never silently dropped. Each node enforces the
   TTL (ln N̂)^3 on the ``hops`` count of every routed message it receives.
-* **Linking** (``messages.py``): connect requests are KBR-routed payloads of the internal
-  application :data:`~overlay.smallworld.messages.LINK_APP`; they go to the node closest to a
-  target *other than the requester*. A join routes one to the joiner's own id (``join.py``);
-  a shortcut routes one to a Kleinberg-drawn target; near repair walks neighbour-of-neighbour
-  queries and falls back to routing one to its own id (``maintenance.py``).
+* **Linking** (``messages.py``, ``linking.py``): connect requests are KBR-routed payloads of
+  the internal application :data:`~overlay.smallworld.messages.LINK_APP`; they go to the node
+  closest to a target *other than the requester*. A join routes one to the joiner's own id
+  (``join.py``); a shortcut routes one to a Kleinberg-drawn target; near repair walks
+  neighbour-of-neighbour queries (``maintenance.py``).
+  A suspected connection holds no slot of the near window (``connections.py``): under churn the
+  live node beyond crashed neighbours is linked as soon as it is heard of.
 * **Stabilization** (``exchange.py``): every node sends its near window to its near neighbours
   whenever it changes, and every 20 s to the closest one on each side; they link what they were
   missing and answer with what the sender is missing. This is what makes concurrent joins
@@ -37,7 +39,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
@@ -46,6 +48,7 @@ from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.runtime import Runtime, Timer
 from overlay.smallworld import exchange as _xch
 from overlay.smallworld import join as _join
+from overlay.smallworld import linking as _lnk
 from overlay.smallworld import maintenance as _mnt
 from overlay.smallworld import routing as _rt
 from overlay.smallworld.config import SmallWorldConfig
@@ -59,7 +62,6 @@ from overlay.smallworld.messages import (
     NEAR,
     RIGHT,
     SHORTCUT,
-    SIDES,
     ConnectReply,
     ConnectRequest,
     JoinRequest,
@@ -75,39 +77,12 @@ from overlay.smallworld.validate import (
     MalformedInput,
     check_handle,
     check_int,
-    check_time,
 )
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_CONFIG = SmallWorldConfig()
 _NO_SEEDS: tuple[Address, ...] = ()
-
-
-class _LinkApp:
-    """The internal KBR application that carries :class:`ConnectRequest` payloads."""
-
-    __slots__ = ("core",)
-
-    def __init__(self, core: SmallWorldCore) -> None:
-        self.core = core
-
-    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        self.core._on_connect_request(payload)
-
-    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
-        if not isinstance(payload, ConnectRequest):
-            return None  # junk under our app name: stop it here (counted by the base)
-        origin = payload.origin
-        if next_hop.id != origin.id:
-            return next_hop
-        # Never hand a connect request back to its requester: the node we want is the one
-        # closest to the target *other than* the requester.
-        alt = self.core.next_hop(key, {origin})
-        return alt if alt is not None else self.core.handle
-
-    def update(self, handle: NodeHandle, joined: bool) -> None:
-        return None
 
 
 class SmallWorldCore(KbrCore):
@@ -329,9 +304,8 @@ class SmallWorldCore(KbrCore):
 
     def _learn(self, h: NodeHandle) -> None:
         """A node that routed through us: link it if it belongs in our near window."""
-        if h.id == self.id or not self.table.fits_near(h.id) or h in self.table:
-            return
-        if h in self.prox.bad:
+        bad = self.prox.bad
+        if h.id == self.id or h in bad or h in self.table or not self.table.fits_near(h.id, bad):
             return
         self.link(h, NEAR)
 
@@ -350,13 +324,7 @@ class SmallWorldCore(KbrCore):
         self.stats["connections_lost"] += 1
         self._near_changed(before)
         if was_near:
-            # The push of the changed window (``_near_changed``) asks the near neighbours left
-            # on that side, which answer with the node that fills the gap. Only when none of
-            # them is left alive does that side need a walk (its new window members are
-            # shortcuts, which may know nobody near us).
-            bad = self.prox.bad
-            if not any(x != h and x in t and x not in bad for x in side):
-                _mnt.repair_near(self, (side_id,))
+            _mnt.near_lost(self, h, side_id, side)
         if was_out and self.ready:
             _mnt.check_shortcuts(self)
         _mnt.check_isolated(self)
@@ -364,7 +332,7 @@ class SmallWorldCore(KbrCore):
     def _on_peer_alive(self, h: NodeHandle) -> None:
         """A peer we had given up on spoke again: take it back if it is a near neighbour, and
         send it the messages that avoid it only because it was silent."""
-        if h not in self.table and self.table.fits_near(h.id):
+        if h not in self.table and self.table.fits_near(h.id, self.prox.bad):
             self.link(h, NEAR)
         if self._pending:
             _rt.retry_through(self, h)
@@ -373,7 +341,7 @@ class SmallWorldCore(KbrCore):
     def ensure_link_app(self) -> None:
         """Register the internal link application (carries ConnectRequest) if it is missing."""
         if LINK_APP not in self.apps:
-            self.apps[LINK_APP] = _LinkApp(self)
+            self.apps[LINK_APP] = _lnk.LinkApp(self)
 
     def _has_user_apps(self) -> bool:
         apps = self.apps
@@ -437,7 +405,7 @@ class SmallWorldCore(KbrCore):
 
     def trim_near(self) -> None:
         """Drop surplus connections (outside the near window, no shortcut role)."""
-        for h in self.table.surplus():
+        for h in self.table.surplus(self.prox.bad):
             self.drop(h, NEAR)
 
     def drop(self, h: NodeHandle, kind: int) -> None:
@@ -456,7 +424,7 @@ class SmallWorldCore(KbrCore):
         for h in sorted(cands, key=lambda c: (_rd(c.id, me), c.id)):
             if h.id == me or h in bad or h in t or self.prox.is_dead(h):
                 continue
-            if t.fits_near(h.id) and self.link(h, NEAR, token):
+            if t.fits_near(h.id, bad) and self.link(h, NEAR, token):
                 added.append(h)
         return [h for h in added if h in t]
 
@@ -489,40 +457,9 @@ class SmallWorldCore(KbrCore):
         self.route(key, LINK_APP, ConnectRequest(o, key, kind, token), hint)
 
     # ------------------------------------------------------------------ handlers
-    def _on_connect_request(self, p: object) -> None:
-        """We are the node closest to ``p.target`` other than its origin."""
-        if not isinstance(p, ConnectRequest):
-            raise MalformedInput("connect payload is not a ConnectRequest")
-        origin = check_handle(p.origin)
-        if p.kind not in KINDS:
-            raise MalformedInput(f"unknown connect kind {p.kind!r}")
-        check_int(p.target)
-        token = check_int(p.token)
-        if origin.id == self.id:
-            # Routed straight back to us: no other node is closer to the target.
-            if p.kind == SHORTCUT:
-                self.stats["shortcut_attempt_wasted"] += 1
-                self.shortcut_pending = max(0, self.shortcut_pending - 1)
-            return
-        if p.kind == SHORTCUT:
-            # The origin in a routed request is unauthenticated: it becomes an in-connection
-            # only once it links to us directly (its Link, signed by its own key on live nodes).
-            nodes: tuple[NodeHandle, ...] = ()
-        else:
-            k = 2 * self.config.near_per_side + 2
-            nodes = self.closest_known(p.target, k, origin.id, with_self=False)
-        self.runtime.send(origin, ConnectReply(self.handle, p.kind, token, nodes))
-
-    def _check_reply_nodes(self, nodes: object) -> tuple[NodeHandle, ...]:
-        if not isinstance(nodes, tuple) or len(nodes) > self.config.max_reply_nodes:
-            raise MalformedInput("reply node list is not a short tuple")
-        for h in nodes:
-            check_handle(h)
-        return nodes
-
     def _on_connect_reply(self, src: NodeHandle, m: ConnectReply) -> None:
         responder = check_handle(m.responder)
-        nodes = self._check_reply_nodes(m.nodes)
+        nodes = _xch.check_nodes(m.nodes, self.config.max_reply_nodes)
         token = check_int(m.token)
         if m.kind not in KINDS:
             raise MalformedInput(f"unknown connect kind {m.kind!r}")
@@ -553,7 +490,7 @@ class SmallWorldCore(KbrCore):
             # Landed inside our near window: not a shortcut (Brunet does not count it).
             self.stats["shortcut_attempt_wasted"] += 1
             return
-        if r not in t and t.fits_near(r.id):
+        if r not in t and t.fits_near(r.id, self.prox.bad):
             # A near neighbour we did not know: keep it as near, not as a shortcut.
             self.link(r, NEAR)
             self.stats["shortcut_attempt_wasted"] += 1
@@ -611,7 +548,8 @@ class SmallWorldCore(KbrCore):
         t = self.table
         if h in t:
             return
-        if h in self.prox.bad or not t.fits_near(h.id):
+        bad = self.prox.bad
+        if h in bad or not t.fits_near(h.id, bad):
             self.runtime.send(h, Unlink(NEAR))
             return
         before = self._near_snapshot()
@@ -628,38 +566,16 @@ class SmallWorldCore(KbrCore):
             return
         before = self._near_snapshot()
         t.discard_in(src)
-        if not t.needed(src):
+        if not t.needed(src, self.prox.bad):
             t.remove(src)
             self.prox.forget(src)
         self._near_changed(before)
 
     def _on_near_query(self, src: NodeHandle, m: NearQuery) -> None:
-        origin = check_handle(m.origin)
-        hops = check_int(m.hops)
-        if m.side not in SIDES:
-            raise MalformedInput(f"unknown side {m.side!r}")
-        if origin.id == self.id:
-            raise MalformedInput("near query for our own id came back to us")
-        if hops > ttl_hops(self.table.n_hat, self.config):
-            self.stats["ttl_expired"] += 1
-            return
-        _mnt.near_step(self, origin, m.side, hops)
+        _mnt.on_near_query(self, m)
 
     def _on_near_reply(self, src: NodeHandle, m: NearReply) -> None:
-        check_int(m.hop)
-        nodes = self._check_reply_nodes(m.nodes)
-        self.consider_near((src,))  # the sender itself is authenticated; the rest is hearsay
-        _xch.propose(self, nodes)
+        _mnt.on_near_reply(self, src, m)
 
     def _on_near_list(self, src: NodeHandle, m: NearList) -> None:
-        nodes = self._check_reply_nodes(m.nodes)
-        if not isinstance(m.ask, bool):
-            raise MalformedInput("NearList.ask is not a bool")
-        if src.id == self.id:
-            raise MalformedInput("near list from our own id")
-        stamp, echo, held = check_time(m.stamp), check_time(m.echo), check_time(m.held)
-        if not self.ready:
-            # A join owns the table until it ends: only acknowledged links may make it succeed
-            # (join.py). The node pushes its window asking for news the moment it is ready.
-            return
-        _xch.on_list(self, src, nodes, m.ask, stamp, echo, held)
+        _xch.receive_list(self, src, m)

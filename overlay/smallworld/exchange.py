@@ -45,9 +45,11 @@ from overlay.handle import NodeHandle
 from overlay.ids import HALF_RING, RING
 from overlay.smallworld.messages import NEAR, Link, NearList
 from overlay.smallworld.state import SmallWorldHost
+from overlay.smallworld.validate import MalformedInput, check_handle, check_time
 
 __all__ = [
     "answer",
+    "check_nodes",
     "check_omissions",
     "expire_proposals",
     "list_to",
@@ -55,6 +57,7 @@ __all__ = [
     "probe_stale",
     "propose",
     "push_near",
+    "receive_list",
     "take_proposal",
     "window_of",
 ]
@@ -189,6 +192,30 @@ def probe_stale(core: SmallWorldHost, members: Iterable[NodeHandle]) -> None:
             prox.probe(h)
 
 
+def check_nodes(nodes: object, cap: int) -> tuple[NodeHandle, ...]:
+    """``nodes`` if it is a tuple of at most ``cap`` well-formed handles; else MalformedInput."""
+    if not isinstance(nodes, tuple) or len(nodes) > cap:
+        raise MalformedInput("reply node list is not a short tuple")
+    for h in nodes:
+        check_handle(h)
+    return nodes
+
+
+def receive_list(core: SmallWorldHost, src: NodeHandle, m: NearList) -> None:
+    """Check a received NearList and hand it to :func:`on_list` if this node is ready."""
+    nodes = check_nodes(m.nodes, core.config.max_reply_nodes)
+    if not isinstance(m.ask, bool):
+        raise MalformedInput("NearList.ask is not a bool")
+    if src.id == core.id:
+        raise MalformedInput("near list from our own id")
+    stamp, echo, held = check_time(m.stamp), check_time(m.echo), check_time(m.held)
+    if not core.ready:
+        # A join owns the table until it ends: only acknowledged links may make it succeed
+        # (join.py). The node pushes its window asking for news the moment it is ready.
+        return
+    on_list(core, src, nodes, m.ask, stamp, echo, held)
+
+
 def on_list(
     core: SmallWorldHost,
     src: NodeHandle,
@@ -295,7 +322,7 @@ def propose(core: SmallWorldHost, cands: Sequence[NodeHandle]) -> None:
     for h in sorted(cands, key=lambda c: (min((c.id - me) % RING, (me - c.id) % RING), c.id)):
         if budget <= 0:
             break
-        if h.id == me or h in bad or h in t or prox.is_dead(h) or not t.fits_near(h.id):
+        if h.id == me or h in bad or h in t or prox.is_dead(h) or not t.fits_near(h.id, bad):
             continue
         budget -= 1
         pending = core.proposed

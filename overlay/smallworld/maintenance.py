@@ -43,7 +43,7 @@ from __future__ import annotations
 from overlay.handle import NodeHandle
 from overlay.ids import RING
 from overlay.smallworld import exchange
-from overlay.smallworld.estimate import desired_shortcuts, draw_shortcut_target
+from overlay.smallworld.estimate import desired_shortcuts, draw_shortcut_target, ttl_hops
 from overlay.smallworld.messages import (
     LEFT,
     NEAR,
@@ -55,6 +55,7 @@ from overlay.smallworld.messages import (
     Unlink,
 )
 from overlay.smallworld.state import SmallWorldHost
+from overlay.smallworld.validate import MalformedInput, check_handle, check_int
 
 
 def tick(core: SmallWorldHost) -> None:
@@ -114,7 +115,7 @@ def check_shortcuts(core: SmallWorldHost) -> None:
         for h in eff[: len(eff) - want]:
             t.discard_out(h)
             core.stats["shortcuts_trimmed"] += 1
-            if t.needed(h):
+            if t.needed(h, bad):
                 core.runtime.send(h, Unlink(SHORTCUT))
             else:
                 core.drop(h, SHORTCUT)
@@ -204,7 +205,44 @@ def ping_idle(core: SmallWorldHost, now: float) -> None:
             prox.probe(h)
 
 
-def repair_near(core: SmallWorldHost, sides: tuple[int, ...] = SIDES) -> None:
+def near_lost(
+    core: SmallWorldHost, h: NodeHandle, side_id: int, side: tuple[NodeHandle, ...]
+) -> None:
+    """Near neighbour ``h`` on ``side_id`` was declared dead; ``side`` was that side of the
+    window before. The push of the changed window (``_near_changed``) asks the neighbours left
+    on that side, which answer with the node that fills the gap — if they are alive. Under
+    short sessions the one left is often dead too, not yet detected (it is heard from only
+    every ``outer_idle_ping_s``), or a shortcut that slid into the window after an earlier
+    loss and knows nobody near us; then the gap stays until the next stabilization, and the
+    keys of the dead node are delivered here (the ``root_unknown`` deliveries of the churn
+    benchmark at 5-minute sessions, docs/smallworld.md "Short sessions"). So the survivors not
+    heard from within ``idle_ping_s`` are probed now, and unless one that was a near neighbour
+    before is fresh, that side walks now, past the stale ones."""
+    t = core.table
+    prox = core.prox
+    bad = prox.bad
+    peers = prox.peers
+    now = core.runtime.now()
+    fresh_s = core.config.idle_ping_s
+    stale: list[NodeHandle] = []
+    fresh = False
+    for x in side:
+        if x == h or x not in t or x in bad:
+            continue
+        p = peers.get(x)
+        if p is not None and now - p.last_heard < fresh_s:
+            fresh = True
+        else:
+            stale.append(x)
+    for x in stale:
+        prox.probe(x)
+    if not fresh:
+        repair_near(core, (side_id,), frozenset(stale))
+
+
+def repair_near(
+    core: SmallWorldHost, sides: tuple[int, ...] = SIDES, avoid: frozenset[NodeHandle] = frozenset()
+) -> None:
     """Start a near-repair walk on each of ``sides`` from this node.
 
     A walk is a chain of datagrams with no acks: if it dies on a hop that failed too, the
@@ -214,13 +252,16 @@ def repair_near(core: SmallWorldHost, sides: tuple[int, ...] = SIDES) -> None:
     soon = core.runtime.now() + 2 * core.config.maintenance_interval_s
     if core.next_stabilize > soon:
         core.next_stabilize = soon
-    walk_near(core, sides)
+    walk_near(core, sides, avoid)
 
 
-def walk_near(core: SmallWorldHost, sides: tuple[int, ...] = SIDES) -> None:
-    """Send one near-repair walk per side (stabilization: no follow-up scheduled)."""
+def walk_near(
+    core: SmallWorldHost, sides: tuple[int, ...] = SIDES, avoid: frozenset[NodeHandle] = frozenset()
+) -> None:
+    """Send one near-repair walk per side (stabilization: no follow-up scheduled); its first hop
+    is not one of ``avoid`` (connections that may have failed)."""
     for side in sides:
-        near_step(core, core.handle, side, 0)
+        near_step(core, core.handle, side, 0, avoid)
 
 
 def _side_metric(origin: int, side: int, x: int) -> int:
@@ -228,8 +269,36 @@ def _side_metric(origin: int, side: int, x: int) -> int:
     return (x - origin) % RING if side == RIGHT else (origin - x) % RING
 
 
-def near_step(core: SmallWorldHost, origin: NodeHandle, side: int, hops: int) -> None:
-    """One hop of a near-repair walk for ``origin`` (which may be this node)."""
+def on_near_query(core: SmallWorldHost, m: NearQuery) -> None:
+    """Check a received near-repair walk and take its next step."""
+    origin = check_handle(m.origin)
+    hops = check_int(m.hops)
+    if m.side not in SIDES:
+        raise MalformedInput(f"unknown side {m.side!r}")
+    if origin.id == core.id:
+        raise MalformedInput("near query for our own id came back to us")
+    if hops > ttl_hops(core.table.n_hat, core.config):
+        core.stats["ttl_expired"] += 1
+        return
+    near_step(core, origin, m.side, hops)
+
+
+def on_near_reply(core: SmallWorldHost, src: NodeHandle, m: NearReply) -> None:
+    """A walk ended at ``src``, our neighbour on its side: link it, propose the nodes it names."""
+    check_int(m.hop)
+    nodes = exchange.check_nodes(m.nodes, core.config.max_reply_nodes)
+    core.consider_near((src,))  # the sender itself is authenticated; the rest is hearsay
+    exchange.propose(core, nodes)
+
+
+def near_step(
+    core: SmallWorldHost,
+    origin: NodeHandle,
+    side: int,
+    hops: int,
+    avoid: frozenset[NodeHandle] = frozenset(),
+) -> None:
+    """One hop of a near-repair walk for ``origin`` (which may be this node), not to ``avoid``."""
     o = origin.id
     me = core.id
     best: NodeHandle | None = None
@@ -239,7 +308,7 @@ def near_step(core: SmallWorldHost, origin: NodeHandle, side: int, hops: int) ->
         if h.id == o:
             continue
         m = (h.id - o) % RING if side == RIGHT else (o - h.id) % RING
-        if m < bm and not (bad and h in bad):
+        if m < bm and not (bad and h in bad) and h not in avoid:
             best, bm = h, m
     if best is not None:
         core.runtime.send(best, NearQuery(origin, side, hops + 1))
@@ -251,7 +320,7 @@ def near_step(core: SmallWorldHost, origin: NodeHandle, side: int, hops: int) ->
     nodes = core.closest_known(o, k, o, with_self=False)
     core.runtime.send(origin, NearReply(hops, nodes))
     t = core.table
-    if origin not in t and t.fits_near(o) and origin not in bad:
+    if origin not in t and origin not in bad and t.fits_near(o, bad):
         core.link(origin, NEAR)
 
 
@@ -260,7 +329,10 @@ __all__ = [
     "RIGHT",
     "check_isolated",
     "check_shortcuts",
+    "near_lost",
     "near_step",
+    "on_near_query",
+    "on_near_reply",
     "ping_idle",
     "repair_near",
     "tick",

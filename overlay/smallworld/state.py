@@ -1,8 +1,9 @@
 """Per-join progress and what the join, exchange and maintenance parts see of a small-world node.
 
 The core (:mod:`overlay.smallworld.core`) dispatches messages and timers to the join
-(:mod:`~overlay.smallworld.join`), exchange (:mod:`~overlay.smallworld.exchange`) and
-maintenance (:mod:`~overlay.smallworld.maintenance`) functions; those read and change the node's
+(:mod:`~overlay.smallworld.join`), exchange (:mod:`~overlay.smallworld.exchange`), linking
+(:mod:`~overlay.smallworld.linking`) and maintenance (:mod:`~overlay.smallworld.maintenance`)
+functions; those read and change the node's
 connection table and join progress through the core's mutators (``link``, ``drop``,
 ``consider_near``, ``send_connect``) so the invariants of the ring (Brunet: two near connections
 per side, shortcuts at log-uniform distances) are kept in one place. They type against
@@ -94,6 +95,9 @@ class SmallWorldHost(Protocol):
 
     def next_token(self) -> int:
         """A fresh token to match connection replies to requests."""
+
+    def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        """The live connection greedy routing would take towards ``key`` (None: deliver here)."""
 
     def link(self, h: NodeHandle, kind: int, token: int = 0) -> bool:
         """Add a connection of ``kind`` to ``h``; True if added."""

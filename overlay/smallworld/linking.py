@@ -1,0 +1,89 @@
+"""The internal link application: connect requests routed through the KBR engine.
+
+Theory of operation (Brunet's linking protocol, PonD §2.2; Symphony, Manku et al. 2003):
+a :class:`~overlay.smallworld.messages.ConnectRequest` travels as the payload of routed messages
+of the application :data:`~overlay.smallworld.messages.LINK_APP`, so it has the engine's per-hop
+acks and reroutes. A JOIN request goes to the node closest to the joiner's id *other than the
+joiner* (:meth:`LinkApp.forward` never hands it back), which answers with the nodes it knows
+closest to that id. A SHORTCUT request goes to the node closest to its Kleinberg-drawn target;
+with ``shortcut_accept_fraction`` > 0 (off by default) the first node on its path within that
+fraction of the drawn distance answers instead (docs/smallworld.md, "Short sessions"). Its
+origin then links the answering node directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from overlay.handle import NodeHandle
+from overlay.ids import NodeId
+from overlay.ids import ring_distance as _rd
+from overlay.smallworld.messages import KINDS, SHORTCUT, ConnectReply, ConnectRequest
+from overlay.smallworld.state import SmallWorldHost
+from overlay.smallworld.validate import MalformedInput, check_handle, check_int
+
+__all__ = ["LinkApp", "on_connect_request"]
+
+
+class LinkApp:
+    """The internal KBR application that carries :class:`ConnectRequest` payloads."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, core: SmallWorldHost) -> None:
+        self.core = core
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        """We are the node closest to ``key`` other than the requester (or near enough)."""
+        on_connect_request(self.core, payload)
+
+    def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
+        """Route on, never back to the requester; answer a shortcut request here if this node
+        is near enough to its target."""
+        if not isinstance(payload, ConnectRequest):
+            return None  # junk under our app name: stop it here (counted by the base)
+        origin = payload.origin
+        core = self.core
+        if payload.kind == SHORTCUT and origin.id != core.id:
+            # A shortcut needs a node at about the drawn distance, not the one closest to the
+            # target: the first node on the path within a fraction of that distance answers.
+            t = payload.target
+            frac = core.config.shortcut_accept_fraction
+            if frac > 0 and isinstance(t, int) and _rd(core.id, t) <= frac * _rd(origin.id, t):
+                core.stats["shortcut_accepted_early"] += 1
+                return core.handle
+        if next_hop.id != origin.id:
+            return next_hop
+        # Never hand a connect request back to its requester: the node we want is the one
+        # closest to the target *other than* the requester.
+        alt = core.next_hop(key, {origin})
+        return alt if alt is not None else core.handle
+
+    def update(self, handle: NodeHandle, joined: bool) -> None:
+        """Near-window changes mean nothing to the link application."""
+        return None
+
+
+def on_connect_request(core: SmallWorldHost, p: object) -> None:
+    """We are the node closest to ``p.target`` other than its origin."""
+    if not isinstance(p, ConnectRequest):
+        raise MalformedInput("connect payload is not a ConnectRequest")
+    origin = check_handle(p.origin)
+    if p.kind not in KINDS:
+        raise MalformedInput(f"unknown connect kind {p.kind!r}")
+    check_int(p.target)
+    token = check_int(p.token)
+    if origin.id == core.id:
+        # Routed straight back to us: no other node is closer to the target.
+        if p.kind == SHORTCUT:
+            core.stats["shortcut_attempt_wasted"] += 1
+            core.shortcut_pending = max(0, core.shortcut_pending - 1)
+        return
+    if p.kind == SHORTCUT:
+        # The origin in a routed request is unauthenticated: it becomes an in-connection
+        # only once it links to us directly (its Link, signed by its own key on live nodes).
+        nodes: tuple[NodeHandle, ...] = ()
+    else:
+        k = 2 * core.config.near_per_side + 2
+        nodes = core.closest_known(p.target, k, origin.id, with_self=False)
+    core.runtime.send(origin, ConnectReply(core.handle, p.kind, token, nodes))
