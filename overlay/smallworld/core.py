@@ -310,8 +310,7 @@ class SmallWorldCore(KbrCore):
         self.link(h, NEAR)
 
     def _on_peer_dead(self, h: NodeHandle) -> None:
-        if self._pending:
-            _rt.reroute_waiting_on(self, h)  # ``h`` is in ``prox.bad`` now: routing avoids it
+        # the engine has already sent on the messages that waited on ``h`` (kbr_pending.py)
         t = self.table
         if h not in t:
             return
@@ -330,12 +329,10 @@ class SmallWorldCore(KbrCore):
         _mnt.check_isolated(self)
 
     def _on_peer_alive(self, h: NodeHandle) -> None:
-        """A peer we had given up on spoke again: take it back if it is a near neighbour, and
-        send it the messages that avoid it only because it was silent."""
+        """A peer we had given up on spoke again: take it back if it is a near neighbour (the
+        engine then sends it the messages that avoid it only because it was silent)."""
         if h not in self.table and self.table.fits_near(h.id, self.prox.bad):
             self.link(h, NEAR)
-        if self._pending:
-            _rt.retry_through(self, h)
 
     # ------------------------------------------------------------------ connection changes
     def ensure_link_app(self) -> None:

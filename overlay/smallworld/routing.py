@@ -18,9 +18,7 @@ the last incorrect or lost lookups of the ring came from four races that these f
   closer than us: such a copy is routed greedily again (:func:`parallel_copy`).
 * **A root whose ack was lost is avoided for good**, and **a holder waits on a dead next hop**
   until its back-off next fires: both are closed in the engine now, for both overlays
-  (``overlay/kbr_pending.py``: a liveness verdict acts on the messages in flight at once);
-  :func:`retry_through` and :func:`reroute_waiting_on` remain as the names the ring's core
-  calls, and delegate to it.
+  (``overlay/kbr_pending.py``: a liveness verdict acts on the messages in flight at once).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteMsg
 from overlay.smallworld.state import JoinState
 
-__all__ = ["hold_while_joining", "parallel_copy", "reroute_waiting_on", "retry_through"]
+__all__ = ["hold_while_joining", "parallel_copy"]
 
 
 def hold_while_joining(
@@ -85,18 +83,3 @@ def parallel_copy(core: KbrCore, src: NodeHandle, msg: RouteMsg) -> bool:
         return True
     core._step(msg, None, prev=src)
     return True
-
-
-def retry_through(core: KbrCore, h: NodeHandle) -> None:
-    """``h`` answered its probe: messages that avoid it only because its ack was lost go to it
-    (the engine's :meth:`~overlay.kbr_pending.HopEngine.retry_through`, which the engine now
-    runs itself on every ALIVE verdict when ``KbrConfig.act_on_verdicts`` is on; a second call
-    finds nothing left to do)."""
-    core.retry_through(h)
-
-
-def reroute_waiting_on(core: KbrCore, h: NodeHandle) -> None:
-    """``h`` was declared DEAD: messages waiting on it go on now (the engine's
-    :meth:`~overlay.kbr_pending.HopEngine.reroute_waiting_on`, run by the engine itself on every
-    DEAD verdict when ``KbrConfig.act_on_verdicts`` is on; a second call finds nothing)."""
-    core.reroute_waiting_on(h)
