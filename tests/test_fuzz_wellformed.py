@@ -70,6 +70,10 @@ MEMOS = {
     "_report_probed": 68,  # Pastry: 4 (L + 1) failure-report rate limits
     "_reported": 128,  # Pastry: failure reports heard, 8 L (purged by size, not by time)
     "gone": 200,  # Pastry's partition-healing history: time-bounded (gone_history_age_s, 1.5 h)
+    "_told": 64,  # Pastry re-integration: one tell per accused per interval, at most 4 L
+    #: the proximity table's reusable rows: capacity left by forgotten peers (a dict does not
+    #: shrink either), reused by the next peer and given back when most of the table is free
+    "_free": STATE_BOUND,
     "stats": 200,  # counter names
 }
 #: entries a target may hold above its pre-fuzz state once everything the lies armed ran out
