@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 
 from overlay.handle import NodeHandle
-from overlay.ids import NodeId, ring_distance
+from overlay.ids import NodeId, closer
 from overlay.proximity import Liveness, Proximity
 from overlay.runtime import Runtime, Timer
 
@@ -108,13 +108,6 @@ class Hop:
         self.timer: Timer | None = None
         #: a copy that came back with more hops before this hop was acked: (from, message)
         self.held: tuple[NodeHandle, Any] | None = None
-
-
-def closer(a: NodeId, b: NodeId, key: NodeId) -> bool:
-    """Whether ``a`` is strictly closer to ``key`` than ``b`` on the ring (ties: lower id)."""
-    da = ring_distance(a, key)
-    db = ring_distance(b, key)
-    return da < db or (da == db and a < b)
 
 
 class HopEngine:
@@ -275,7 +268,7 @@ class HopEngine:
         tried = prev[1:]
         if self.kbr_config.parallel_copies and tried and src not in tried:
             key = msg.key
-            if all(closer(h.id, self.id, key) for h in tried):
+            if all(closer(key, h.id, self.id) for h in tried):
                 # Every next hop we chose was closer to the key than us and the copy does not
                 # come back from one of them: the other copy of a hop whose ack was lost (the
                 # hop before rerouted), not a loop. Avoiding our next hops would deliver it
@@ -370,7 +363,7 @@ class HopEngine:
         and that still waits on a next hop farther from its key goes to ``h`` now."""
         for mid, hop in list(self._pending.items()):
             ex = hop.exclude
-            if not ex or h not in ex or not closer(h.id, hop.nh.id, hop.msg.key):
+            if not ex or h not in ex or not closer(hop.msg.key, h.id, hop.nh.id):
                 continue
             self._unpend(mid, hop)
             left = set(ex)
