@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from test_pastry_units import MiniNet, _expected_leaves
+from test_pastry_units import MiniNet, crash_and_check_leaves
 
 from overlay.handle import Address
 from overlay.messages import Message
@@ -78,14 +78,7 @@ def test_a_lone_crash_is_found_by_its_left_neighbour_and_reaches_every_leaf_set(
     net = _ring(40, seed=43)
     for c in net.cores:
         c.stats["leaf_sweep_probes"] = 0
-    victim = 17
-    net.dead.add(victim)
-    net.cores[victim].stop()
-    net.run(60)
-    live = [c for c in net.cores if int(c.handle.address) != victim]  # type: ignore[call-overload]
-    ids = [int(c.id) for c in live]
-    for c in live:
-        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+    live = crash_and_check_leaves(net, {17})
     # Only the detector sweeps the rest of its leaf set (correlated failures); the members that
     # confirm its report do not (each would probe ~L members to find nothing).
     sweeps = sum(c.stats["leaf_sweep_probes"] for c in live)
@@ -98,13 +91,6 @@ def test_two_crashes_close_together_make_the_members_sweep() -> None:
         c.stats["leaf_sweep_probes"] = 0
     order = sorted(net.cores, key=lambda c: int(c.id))
     victims = {int(order[10].handle.address), int(order[12].handle.address)}  # type: ignore[call-overload]
-    for v in victims:
-        net.dead.add(v)
-        net.cores[v].stop()
-    net.run(60)
-    live = [c for c in net.cores if int(c.handle.address) not in victims]  # type: ignore[call-overload]
-    ids = [int(c.id) for c in live]
-    for c in live:
-        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+    live = crash_and_check_leaves(net, victims)
     swept = sum(1 for c in live if c.stats["leaf_sweep_probes"] > 0)
     assert swept > 2

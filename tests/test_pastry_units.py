@@ -436,6 +436,22 @@ def _expected_leaves(core: PastryCore, ids: list[int], half: int = 8) -> set[int
     return set(cw) | set(ccw)
 
 
+def crash_and_check_leaves(
+    net: MiniNet, victims: set[int], run_s: float = 60.0
+) -> list[PastryCore]:
+    """Crash the nodes at indices ``victims``, run ``run_s``, and check every survivor's leaf set
+    against the brute-force one over the survivors; returns the survivors."""
+    net.dead |= victims
+    for v in victims:
+        net.cores[v].stop()
+    net.run(run_s)
+    live = [c for c in net.cores if int(c.handle.address) not in victims]  # type: ignore[call-overload]
+    ids = [int(c.id) for c in live]
+    for c in live:
+        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+    return live
+
+
 def test_joins_one_by_one_build_exact_leaf_sets_and_consistent_readiness() -> None:
     net = MiniNet(seed=11)
     first = net.add()
@@ -476,15 +492,7 @@ def test_crash_is_detected_spread_and_repaired_in_a_minute() -> None:
         c = net.add()
         net.join(c, [0])
     net.run(30)
-    victims = {5, 6, 20}
-    net.dead |= victims
-    for v in victims:
-        net.cores[v].stop()
-    net.run(60)
-    live = [c for c in net.cores if int(c.handle.address) not in victims]  # type: ignore[call-overload]
-    ids = [int(c.id) for c in live]
-    for c in live:
-        assert {int(h.id) for h in c.leaf.nodes()} == _expected_leaves(c, ids)
+    crash_and_check_leaves(net, {5, 6, 20})
 
 
 def test_stop_silences_the_core() -> None:
