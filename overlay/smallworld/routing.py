@@ -24,7 +24,7 @@ the last incorrect or lost lookups of the ring came from four races that these f
 from __future__ import annotations
 
 from overlay.handle import NodeHandle
-from overlay.ids import ring_distance as _rd
+from overlay.ids import closer
 from overlay.kbr import KbrCore, RouteMsg
 from overlay.smallworld.state import JoinState
 
@@ -70,10 +70,7 @@ def parallel_copy(core: KbrCore, src: NodeHandle, msg: RouteMsg) -> bool:
     tried = prev[1:]
     if src in tried:
         return False
-    key = msg.key
-    me = core.id
-    mine = _rd(me, key)
-    if not all((d := _rd(h.id, key)) < mine or (d == mine and h.id < me) for h in tried):
+    if not all(closer(msg.key, h.id, core.id) for h in tried):
         return False
     core._ack_hop(src, msg)
     core.stats["parallel_copies"] += 1
