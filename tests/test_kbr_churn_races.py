@@ -86,6 +86,31 @@ class _Wire:
             self.pump()
             t += step_s
 
+    def advance_until_dead(self, i: int, dead: int, limit_s: float = 100.0) -> bool:
+        """Advance in 50-ms steps until node ``i`` declares ``dead`` dead (or ``limit_s``)."""
+        prox = self.cores[i].prox
+        for _ in range(int(limit_s / 0.05)):
+            if prox.is_dead(self.h(dead)):
+                return True
+            self.advance(0.05)
+        return prox.is_dead(self.h(dead))
+
+    def add_joining(self, j: int, cfg: ToyConfig) -> _Joining:
+        """Add node ``j``, still joining until the test sets its ``ready``."""
+        rt = ManualRuntime(seed=j)
+        joining = _Joining(rt, NodeHandle(NodeId(j), f"n{j}"), cfg)
+        joining.register("app", _Got(self.got, j))
+        self.cores[j] = joining
+        self.rts[j] = rt
+        return joining
+
+
+class _Joining(ToyCore):
+    """A toy node whose join is under way until the test sets ``ready``."""
+
+    def is_joining(self) -> bool:
+        return not self.ready
+
 
 def _once(pred: Callable[[NodeHandle, NodeHandle, Message], bool]) -> Drop:
     """Drop the first datagram ``pred`` matches (one lost datagram)."""
@@ -162,11 +187,7 @@ def test_a_hop_declared_dead_releases_its_message_at_once() -> None:
     w.cores[s].route(NodeId(key), "app", "k")
     w.pump()
     core = w.cores[r]
-    for _ in range(2000):
-        if core.prox.is_dead(w.h(d)):
-            break
-        w.advance(0.05)
-    assert core.prox.is_dead(w.h(d))
+    assert w.advance_until_dead(r, d)
     assert w.got == [(r, "k")]  # delivered by the verdict, not by the back-off timer after it
     assert core.stats["reroutes_on_dead"] == 1
     w.advance(60.0)
@@ -203,21 +224,9 @@ def test_a_suspected_closer_node_that_is_dead_is_waited_for_only_until_its_verdi
     w.cores[x].prox.suspect(w.h(r))
     w.cores[s].route(NodeId(key), "app", "k")
     w.pump()
-    core = w.cores[x]
-    for _ in range(2000):
-        if core.prox.is_dead(w.h(r)):
-            break
-        w.advance(0.05)
-    assert core.prox.is_dead(w.h(r)) and w.got == [(x, "k")]  # R is dead: X is the root now
+    assert w.advance_until_dead(x, r) and w.got == [(x, "k")]  # R is dead: X is the root now
     w.advance(60.0)
     assert w.got == [(x, "k")]
-
-
-class _Joining(ToyCore):
-    """A toy node whose join is under way until the test sets ``ready``."""
-
-    def is_joining(self) -> bool:
-        return not self.ready
 
 
 def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
@@ -228,11 +237,7 @@ def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
     key = 1000
     s, x, r = 100, 1010, 1001
     w = _Wire([s, x], _HOLD_JOINING, dead=set())
-    rt = ManualRuntime(seed=r)
-    joining = _Joining(rt, NodeHandle(NodeId(r), f"n{r}"), _HOLD_JOINING)
-    joining.register("app", _Got(w.got, r))
-    w.cores[r] = joining
-    w.rts[r] = rt
+    joining = w.add_joining(r, _HOLD_JOINING)
     w.knows(s, x)
     w.knows(x, r)
     w.knows(r, x)
@@ -250,11 +255,7 @@ def test_a_joining_node_whose_join_does_not_end_still_sends_the_lookup_back() ->
     key = 1000
     s, x, r = 100, 1010, 1001
     w = _Wire([s, x], _HOLD_JOINING, dead=set())
-    rt = ManualRuntime(seed=r)
-    joining = _Joining(rt, NodeHandle(NodeId(r), f"n{r}"), _HOLD_JOINING)
-    joining.register("app", _Got(w.got, r))
-    w.cores[r] = joining
-    w.rts[r] = rt
+    joining = w.add_joining(r, _HOLD_JOINING)
     w.knows(s, x)
     w.knows(x, r)
     w.knows(r, x)
@@ -274,11 +275,7 @@ def test_a_joining_node_that_rerouted_sends_the_lookup_back_rather_than_deliver_
     key = 1000
     s, r, j, d = 100, 1006, 1003, 1000
     w = _Wire([s, r, d], _PASTRY_LIKE, dead={d})
-    rt = ManualRuntime(seed=j)
-    joining = _Joining(rt, NodeHandle(NodeId(j), f"n{j}"), _PASTRY_LIKE)
-    joining.register("app", _Got(w.got, j))
-    w.cores[j] = joining
-    w.rts[j] = rt
+    w.add_joining(j, _PASTRY_LIKE)
     w.knows(s, r)
     w.knows(r, j)
     w.knows(j, d, r)
