@@ -30,6 +30,7 @@ __all__ = [
     "Interval",
     "add_common_args",
     "dask_executor",
+    "fmt_interval",
     "interval95",
     "peak_rss_of",
     "run_replicates",
@@ -65,6 +66,18 @@ def interval95(xs: Sequence[float]) -> Interval:
     t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
     half = t * statistics.stdev(xs) / math.sqrt(n)
     return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
+
+
+def fmt_interval(iv: Interval | float, nd: int = 1) -> str:
+    """A markdown cell: ``mean ±half-width`` with ``nd`` decimals; the mean alone for one
+    replicate (or a bare float); an em dash when there is no value."""
+    if isinstance(iv, float):
+        return f"{iv:.{nd}f}"
+    if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
+        return "—"
+    if iv["n"] <= 1:
+        return f"{iv['mean']:.{nd}f}"
+    return f"{iv['mean']:.{nd}f} ±{(iv['hi'] - iv['lo']) / 2:.{nd}f}"
 
 
 def summary(xs: Sequence[float]) -> dict[str, float]:

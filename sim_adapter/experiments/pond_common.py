@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from overlay.errors import ConfigError
+from overlay.smallworld import SmallWorldConfig
+from sim_adapter.latency import Uniform
+from sim_adapter.network import Network
 
 __all__ = [
     "EARTH_RADIUS_KM",
@@ -31,6 +34,7 @@ __all__ = [
     "crossing",
     "great_circle_km",
     "job_ad",
+    "static_ring",
     "zipf_pmf",
 ]
 
@@ -137,3 +141,14 @@ def crossing(xs: Sequence[float], a: Sequence[float], b: Sequence[float]) -> flo
             f = 0.0 if l1 == l0 else -l0 / (l1 - l0)
             return math.exp(math.log(xs[i - 1]) + f * (math.log(xs[i]) - math.log(xs[i - 1])))
     return None
+
+
+def static_ring(edge_s: tuple[float, float], n: int, seed: int) -> Network:
+    """The ring of the C-PonD scaling runs (PonD §4.2.1): ``n`` small-world nodes built by the
+    oracle, no maintenance traffic, no loss, each message's delay uniform in ``edge_s``."""
+    lo, hi = edge_s
+    net = Network(seed=seed, latency=Uniform(lo, hi, seed=seed), loss=0.0)
+    net.spawn(
+        n, overlay="smallworld", build="oracle", config=SmallWorldConfig(maintenance_enabled=False)
+    )
+    return net

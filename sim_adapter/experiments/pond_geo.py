@@ -206,12 +206,7 @@ def aggregate(cfg: GeoConfig, reps: list[dict[str, Any]]) -> list[dict[str, Any]
     return rows
 
 
-def _c(iv: dict[str, float], nd: int = 1) -> str:
-    if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
-        return "—"
-    if iv["n"] <= 1:
-        return f"{iv['mean']:.{nd}f}"
-    return f"{iv['mean']:.{nd}f} ±{(iv['hi'] - iv['lo']) / 2:.{nd}f}"
+_c = common.fmt_interval
 
 
 def _num(x: float | None, nd: int = 1) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -174,12 +173,7 @@ def aggregate(cfg: JobsConfig, reps: list[dict[str, Any]]) -> list[dict[str, Any
     return rows
 
 
-def _c(iv: dict[str, float], nd: int = 1) -> str:
-    if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
-        return "—"
-    if iv["n"] <= 1:
-        return f"{iv['mean']:.{nd}f}"
-    return f"{iv['mean']:.{nd}f} ±{(iv['hi'] - iv['lo']) / 2:.{nd}f}"
+_c = common.fmt_interval
 
 
 def markdown(rows: list[dict[str, Any]], k: int) -> str:

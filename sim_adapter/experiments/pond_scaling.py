@@ -41,10 +41,9 @@ from typing import Any
 
 import attrs
 
-from overlay.smallworld import SmallWorldConfig
 from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
-from sim_adapter.experiments.pond_common import crossing
+from sim_adapter.experiments.pond_common import crossing, static_ring
 
 __all__ = [
     "PONDSIM_OUTPUTS_S",
@@ -170,15 +169,7 @@ def flock_simulate_s(cfg: ScalingConfig, n: int, rng: random.Random) -> list[flo
 
 # ---------------------------------------------------------------------- C-PonD
 def _ring(cfg: ScalingConfig, n: int, seed: int) -> Any:
-    from sim_adapter.latency import Uniform
-    from sim_adapter.network import Network
-
-    lo, hi = cfg.edge_s
-    net = Network(seed=seed, latency=Uniform(lo, hi, seed=seed), loss=0.0)
-    net.spawn(
-        n, overlay="smallworld", build="oracle", config=SmallWorldConfig(maintenance_enabled=False)
-    )
-    return net
+    return static_ring(cfg.edge_s, n, seed)
 
 
 def cpond_point(cfg: ScalingConfig, n: int, seed: int) -> dict[str, Any]:

@@ -35,11 +35,10 @@ import attrs
 import numpy as np
 
 from discovery.machine import DictProvider, MachineAd, random_machine_ad, zipf_value
-from overlay.smallworld import SmallWorldConfig
 from sim_adapter.bench import peak_rss_mib
 from sim_adapter.experiments import common
 from sim_adapter.experiments import pond_staleness_model as m
-from sim_adapter.experiments.pond_common import zipf_pmf
+from sim_adapter.experiments.pond_common import static_ring, zipf_pmf
 
 __all__ = ["NAME", "StalenessConfig", "register", "replicate", "run"]
 
@@ -93,15 +92,7 @@ class StalenessConfig:
 
 
 def _ring(cfg: StalenessConfig, n: int, seed: int) -> Any:
-    from sim_adapter.latency import Uniform
-    from sim_adapter.network import Network
-
-    lo, hi = cfg.edge_s
-    net = Network(seed=seed, latency=Uniform(lo, hi, seed=seed), loss=0.0)
-    net.spawn(
-        n, overlay="smallworld", build="oracle", config=SmallWorldConfig(maintenance_enabled=False)
-    )
-    return net
+    return static_ring(cfg.edge_s, n, seed)
 
 
 # ---------------------------------------------------------------------- C-PonD, analytic
@@ -318,13 +309,7 @@ def aggregate(cfg: StalenessConfig, reps: list[dict[str, Any]]) -> dict[str, Any
 
 
 def _c(iv: Any) -> str:
-    if isinstance(iv, float):
-        return f"{iv:.3f}"
-    if iv["n"] == 0:
-        return "—"
-    if iv["n"] <= 1:
-        return f"{iv['mean']:.3f}"
-    return f"{iv['mean']:.3f} ±{(iv['hi'] - iv['lo']) / 2:.3f}"
+    return common.fmt_interval(iv, 3)
 
 
 def markdown(cfg: StalenessConfig, agg: dict[str, Any], k: int) -> str:
