@@ -199,6 +199,12 @@ class KbrConfig:
     #: join that fails while the node holds a message loses it (traced too), and 2 s was
     #: shorter than some joins. 0 = send back at once.
     hold_unready_s: float = 0.0
+    #: a node that would deliver a message because a closer next hop sent it back offers it
+    #: there again after this long, doubling the wait each time, ``retry_bounced_times`` times
+    #: (ours, traced in ``bench churn``: the joining roots that sent lookups back became active
+    #: 0.05-7 s later; 0.3 + 0.6 + 1.2 + 2.4 + 4.8 s covers most). 0 = deliver at once.
+    retry_bounced_s: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+    retry_bounced_times: int = attrs.field(default=5, validator=attrs.validators.ge(0))
 
 
 Handler = Callable[[NodeHandle, Any], None]
@@ -225,6 +231,7 @@ class KbrCore(HopEngine, abc.ABC):
         self.stats: Counter[str] = Counter()
         #: messages held while joining (``KbrConfig.hold_unready_s``), allocated on first use
         self._unready_held: dict[tuple[int, int], tuple[Any, ...]] | None = None
+        self._bounce_retried: OrderedDict[tuple[int, int], int] | None = None
         self._ready = False
         self.stopped = False
         self.prox = Proximity(
@@ -389,11 +396,13 @@ class KbrCore(HopEngine, abc.ABC):
         return None
 
     def _peer_dead(self, h: NodeHandle) -> None:
-        # the proximity table's DEAD verdict: messages waiting on ``h`` go on first (``h`` is
-        # in ``prox.bad`` now, so routing avoids it), then the overlay repairs
+        # the proximity table's DEAD verdict: the overlay takes it in first (removal, repair —
+        # and a join waiting only on ``h`` ends), then the messages waiting on ``h`` go on,
+        # routed on the updated state (traced: a joining root rerouted first, sent its lookup
+        # back as not yet active, and became active in the same instant)
+        self._on_peer_dead(h)
         if self._pending and self.kbr_config.act_on_verdicts:
             self.reroute_waiting_on(h)
-        self._on_peer_dead(h)
 
     def _peer_alive(self, h: NodeHandle) -> None:
         self._on_peer_alive(h)

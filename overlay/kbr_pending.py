@@ -21,7 +21,8 @@ per (origin, msg_id), the hop count at which it handled a message and the next h
   probe then answers, takes back every message still waiting on a next hop farther from the
   key (:meth:`HopEngine.retry_through`): without it the holder retransmitted to a farther,
   crashed node, and once that one was declared dead delivered in place of the live root it
-  still held excluded.
+  still held excluded. A message waiting on a *closer* hop stops avoiding it instead, so that
+  if that hop fails too the reroute can take it.
 * **A suspected closer node is waited for, not replaced**: a node that would deliver because
   its closer candidate is only *suspected* (its probe is in flight) sends the message there and
   retransmits until it acks or is declared DEAD (:meth:`HopEngine._suspected_closer`), as for a
@@ -41,6 +42,13 @@ per (origin, msg_id), the hop count at which it handled a message and the next h
   the previous hop delivered it in its place); when the join ends it handles it as a ready
   node, else it sends it back as before (:meth:`HopEngine._hold_unready`). A join that fails
   while it holds one loses it, which is why it is off.
+* **A lookup sent back by a closer node is offered to it again** (traced: the root, still
+  joining, sent it back and became active 0.05-1.8 s later, and the previous hop delivered it
+  in its place, "root_excluded"). The node that would deliver because a next hop closer to the
+  key returned the message sends it there again after ``retry_bounced_s``, doubling the wait,
+  up to ``retry_bounced_times`` (:meth:`HopEngine._retry_bounced`). Unlike a hold at the joiner
+  it keeps the message at a node that is already active, so a join that fails loses nothing:
+  the last return is delivered here as before.
 
 This module holds no message classes (they live in ``overlay.kbr``): the mixin copies a routed
 message with one hop less by ``attrs.evolve``.
@@ -122,6 +130,7 @@ class HopEngine:
     kbr_config: Any
     _pending: dict[int, Hop]
     _unready_held: dict[tuple[int, int], tuple[Any, ...]] | None
+    _bounce_retried: OrderedDict[tuple[int, int], int] | None
     ready: bool
     _seen: OrderedDict[tuple[int, int], tuple[Any, ...]] | None
     id: NodeId
@@ -278,11 +287,46 @@ class HopEngine:
                 self.stats["parallel_copies"] += 1
                 self._step(msg, None, prev=src)
                 return
+        if self._retry_bounced(msg, src, tried):
+            return
         # Back round a loop: leave by a next hop not tried yet. When every closer node this node
         # knows has been tried and led back here, this node is the closest one reachable and
         # delivers (as when every closer node is suspected); max_hops bounds the whole walk.
         self.stats["route_loops"] += 1
         self._step(msg, set(tried), prev=src)
+
+    def _retry_bounced(self, msg: Any, src: NodeHandle, tried: tuple[NodeHandle, ...]) -> bool:
+        """``src``, a next hop closer to the key than us, sent ``msg`` back and we would deliver
+        it in its place: send it to ``src`` again later instead (True), at most
+        ``retry_bounced_times`` per message with doubling waits. A joining root sends back what
+        it is not yet responsible for; once active it delivers the next copy (its own loop rule
+        excludes us). A real loop only costs the retries before we deliver as before."""
+        wait = self.kbr_config.retry_bounced_s
+        if wait <= 0 or src not in tried or src in self.prox.bad:
+            return False
+        key = msg.key
+        if not closer(key, src.id, self.id) or self.next_hop(key, set(tried)) is not None:
+            return False
+        k = (msg.origin.id, msg.msg_id)
+        done = self._bounce_retried
+        if done is None:
+            done = self._bounce_retried = OrderedDict()
+        n = done.get(k, 0)
+        if n >= self.kbr_config.retry_bounced_times:
+            return False
+        done[k] = n + 1
+        done.move_to_end(k)
+        if len(done) > self.kbr_config.dedupe_window:
+            done.popitem(last=False)
+        self.stats["bounced_retried"] += 1
+        self.runtime.call_later(wait * 2**n, lambda: self._retry_send(msg, src))
+        return True
+
+    def _retry_send(self, msg: Any, to: NodeHandle) -> None:
+        # ``to`` as the previous hop too: were we to be sent the message back once more and
+        # still be joining ourselves, it goes back there, not to the original sender
+        if not self.stopped:
+            self._step(msg, None, hint=to, prev=to)
 
     def _suspected_closer(self, key: NodeId, exclude: set[NodeHandle] | None) -> NodeHandle | None:
         """The next hop towards ``key`` that routing skips only because it is *suspected* (a
@@ -360,10 +404,18 @@ class HopEngine:
 
     def retry_through(self, h: NodeHandle) -> None:
         """``h`` answered its probe: each message whose hop to ``h`` timed out (a lost datagram)
-        and that still waits on a next hop farther from its key goes to ``h`` now."""
+        and that still waits on a next hop farther from its key goes to ``h`` now; one that
+        waits on a closer hop no longer avoids ``h`` should that hop fail too."""
         for mid, hop in list(self._pending.items()):
             ex = hop.exclude
-            if not ex or h not in ex or not closer(hop.msg.key, h.id, hop.nh.id):
+            if not ex or h not in ex:
+                continue
+            if not closer(hop.msg.key, h.id, hop.nh.id):
+                # Traced (small-world ring, 1 % loss): the message waited on a closer node that
+                # had crashed; its verdict rerouted it still avoiding ``h``, which had answered
+                # long before, and the holder delivered it in place of the root beyond ``h``.
+                ex.discard(h)
+                self.stats["unexcluded_on_alive"] += 1
                 continue
             self._unpend(mid, hop)
             left = set(ex)

@@ -173,6 +173,25 @@ def test_an_avoided_root_that_answers_its_probe_gets_the_message() -> None:
     assert w.cores[x].stats["reroutes_on_alive"] == 1
 
 
+def test_a_hop_that_answered_is_not_avoided_when_the_closer_hop_fails_too() -> None:
+    # Traced (small-world ring, N = 2000, 1 % loss, seed 1): X's datagram to A was lost, so X
+    # suspected A and rerouted the lookup to a closer node D it had learnt of meanwhile, which
+    # had crashed. A answered its probe, but the reroute after D's timeouts still avoided A,
+    # and X delivered the lookup in place of A, the root.
+    key = 1000
+    s, x, a, d = 100, 1010, 1003, 1001
+    w = _Wire([s, x, a, d], _PASTRY_LIKE, dead={d})
+    w.knows(s, x)
+    w.knows(x, a)
+    w.drop = _once(lambda src, dst, m: isinstance(m, RouteMsg) and dst == w.h(a))
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.knows(x, a, d)  # news of D (crashed since) reaches X before A's hop times out
+    w.advance(60.0)
+    assert w.got == [(a, "k")]
+    assert w.cores[x].stats["unexcluded_on_alive"] == 1
+
+
 def test_a_hop_declared_dead_releases_its_message_at_once() -> None:
     # Traced (Pastry, N = 2000, 1 % loss, seed 1): the root R got the lookup, but its leaf set
     # still held a crashed node D closer to the key: D was the only way on, so R retransmitted
@@ -252,6 +271,7 @@ def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
 
 
 def test_a_joining_node_whose_join_does_not_end_still_sends_the_lookup_back() -> None:
+    # _HOLD_JOINING: the joiner holds it 2 s, then sends it back; X retries once, then delivers
     key = 1000
     s, x, r = 100, 1010, 1001
     w = _Wire([s, x], _HOLD_JOINING, dead=set())
@@ -263,7 +283,34 @@ def test_a_joining_node_whose_join_does_not_end_still_sends_the_lookup_back() ->
     w.pump()
     w.advance(30.0)
     assert w.got == [(x, "k")]  # X is the closest *active* node
-    assert joining.stats["bounced_unready"] == 1
+    times = KbrConfig().retry_bounced_times
+    assert joining.stats["bounced_unready"] == 1 + times  # and X's retries came back too
+    assert w.cores[x].stats["bounced_retried"] == times
+
+
+@pytest.mark.parametrize("ready_after_s", [0.05, 0.25, 1.5, 7.0])
+def test_a_lookup_a_joining_root_sent_back_is_retried_there(ready_after_s: float) -> None:
+    # Traced (Pastry, N = 2000, 0 % loss, seed 1): the root R, still joining, sent the lookup
+    # back to X, which delivered it in R's place; R became active 0.12 s later:
+    # "root_excluded". X now sends it to R again a moment later, up to five times with
+    # doubling waits (``retry_bounced_s``: 0.3, 0.6, 1.2, 2.4, 4.8 s).
+    key = 1000
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x], _PASTRY_LIKE, dead=set())
+    joining = w.add_joining(r, _PASTRY_LIKE)
+    w.knows(s, x)
+    w.knows(x, r)
+    w.knows(r, x)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    assert w.got == [] and joining.stats["bounced_unready"] == 1
+    w.advance(ready_after_s)
+    joining.ready = True
+    w.advance(30.0)
+    assert w.got == [(r, "k")]
+    waits = [0.3 * 2**n for n in range(KbrConfig().retry_bounced_times)]
+    tries = 1 + sum(1 for n in range(len(waits)) if ready_after_s > sum(waits[: n + 1]))
+    assert w.cores[x].stats["bounced_retried"] == tries
 
 
 def test_a_joining_node_that_rerouted_sends_the_lookup_back_rather_than_deliver_it() -> None:
@@ -283,6 +330,38 @@ def test_a_joining_node_that_rerouted_sends_the_lookup_back_rather_than_deliver_
     w.pump()
     w.advance(60.0)
     assert w.got == [(r, "k")]
+
+
+class _JoinEndsOnVerdict(_Joining):
+    """A toy joiner whose join waits only on one node's verdict (the last leaf-set member
+    that has not confirmed, MSPastry §3.1): it becomes active when that node is declared dead."""
+
+    def _on_peer_dead(self, h: NodeHandle) -> None:
+        super()._on_peer_dead(h)
+        self.ready = True
+
+
+def test_a_verdict_that_ends_a_join_is_applied_before_the_messages_waiting_on_it_move() -> None:
+    # Traced (Pastry, N = 2000, 0 % loss, seed 1): a joining root J forwarded the lookup to a
+    # crashed leaf D, the last member its join waited on. D's verdict rerouted the lookup
+    # first — J, still joining, sent it back — and ended J's join just after. The overlay now
+    # takes the verdict in first, and J, active, delivers. (No retry of bounced lookups here,
+    # so the order alone decides.)
+    key = 1000
+    s, r, j, d = 100, 1006, 1003, 1000
+    cfg = ToyConfig(kbr=KbrConfig(hold_returning_copies=True, retry_bounced_s=0.0))
+    w = _Wire([s, r, d], cfg, dead={d})
+    joiner = _JoinEndsOnVerdict(ManualRuntime(seed=j), NodeHandle(NodeId(j), f"n{j}"), cfg)
+    joiner.register("app", _Got(w.got, j))
+    w.cores[j] = joiner
+    w.rts[j] = joiner.runtime  # type: ignore[assignment]
+    w.knows(s, r)
+    w.knows(r, j)
+    w.knows(j, d, r)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(60.0)
+    assert w.got == [(j, "k")]
 
 
 def test_the_churn_bench_traces_every_failed_lookup(tmp_path: Path) -> None:

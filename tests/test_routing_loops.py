@@ -37,6 +37,11 @@ class _Recorder(BaseApplication):
         self.got.append(payload)
 
 
+#: the loop rule alone: no second offer to a closer hop that sent a message back (that rule,
+#: ``KbrConfig.retry_bounced_s``, is tested in ``tests/test_kbr_churn_races.py``)
+_NO_RETRY = ToyConfig(kbr=KbrConfig(retry_bounced_s=0.0))
+
+
 def _lone(
     known: list[int], cfg: ToyConfig | None = None
 ) -> tuple[ManualRuntime, ToyCore, _Recorder, list[NodeHandle]]:
@@ -54,7 +59,7 @@ def _forwards(rt: ManualRuntime) -> list[tuple[Any, RouteMsg]]:
 
 # --------------------------------------------------------------------------- the engine rules
 def test_a_revisit_with_more_hops_leaves_by_a_next_hop_not_tried_yet() -> None:
-    rt, core, app, (near, nearer) = _lone([1500, 1200])
+    rt, core, app, (near, nearer) = _lone([1500, 1200], _NO_RETRY)
     peer = NodeHandle(NodeId(5), "p")
     key = NodeId(1600)
     m = RouteMsg(key, "app", "x", peer, 77, 2)
@@ -250,7 +255,7 @@ def test_a_joining_node_sends_a_message_back_and_the_previous_hop_routes_around_
     x.is_joining = lambda: True  # type: ignore[method-assign]
     assert not x.ready
     rt_p = ManualRuntime(seed=2)
-    p = ToyCore(rt_p, NodeHandle(NodeId(900), "n900"), ToyConfig())
+    p = ToyCore(rt_p, NodeHandle(NodeId(900), "n900"), _NO_RETRY)
     p.known = [x.handle, NodeHandle(NodeId(5000), "n5000")]
     p.ready = True
     app_p = _Recorder()
