@@ -10,19 +10,16 @@ State machine of the joiner, as data (:class:`JoinState`)::
                                  timeout: retry the next seed, doubled timeout
                                  (join_attempts exhausted → FAILED)
 
-0. LOCATING — nearby-node discovery (Castro, Druschel, Hu & Rowstron 2002, "Exploiting network
-   proximity in peer-to-peer overlay networks" §4; FreePastry ``PNSApplication.getNearest``).
-   Proximity neighbour selection only pays if the join starts *near the joiner in the network*:
-   row i of X is taken from hop i of the join route, and hop 0's row 0 is near hop 0. So X first
-   asks the seed *address* for its leaf set (:class:`NearbyRequest` row -1; leaf sets are spread
-   over the whole network) and probes the members, then asks the nearest node found for its
-   rows 0-2 with its RTTs to them (hints) and probes those the triangle inequality says may be
-   nearer (each request and its reply are a round trip of X's own, so the replier's RTT is a
-   sample without a probe, and it turns even the seed's hints into bounds), and so on from the
-   nearest node not asked yet, until two rounds in a row found no nearer node or
-   ``join_locate_rounds`` requests were spent (:meth:`JoinProtocol._loc_step`).
-   Each round waits at most ``join_locate_wait_s`` for the pongs; every RTT measured here seeds
-   X's routing table too, and the nearest nodes found hear of X once it is ready.
+Timeouts: the seed must answer the first discovery request within ``join_timeout_s``; from
+then on the discovery is bounded by its own timers (the join timer only backs that bound), and
+the routed join gets ``join_timeout_s`` (doubled per attempt) from when it is sent, so a slow
+discovery is never restarted from scratch.
+
+0. LOCATING — nearby-node discovery (``locate.py``; Castro, Druschel, Hu & Rowstron 2002 §4;
+   FreePastry ``PNSApplication.getNearest``): X walks from the seed towards the nodes nearest
+   to it in the network, probing only candidates the triangle inequality says may be nearer,
+   within a probe budget per round and per discovery; every RTT measured there seeds X's
+   routing table too, and the nearest nodes found hear of X once it is ready.
 1. JOINING: X sends :class:`JoinRequest` to the nearest node found (or, with discovery off, to
    the seed address). That node routes a :class:`JoinPayload` to key X.id over the KBR (per-hop
    acks and reroutes included). Row r of X is sent (:class:`JoinRows`) by the *first* hop that
@@ -41,10 +38,11 @@ State machine of the joiner, as data (:class:`JoinState`)::
    at most ``join_probe_budget`` unmeasured nodes per attempt, and only those whose lower bound
    beats the entry (leaf-set members are measured by the consistent-join exchange itself).
 3. READY once every current leaf-set member has confirmed: X is then in all their leaf sets.
-   X announces itself to its routing-table entries and to the nearest nodes its discovery found
-   (:class:`TableAnnounce`, with the RTT it measured and its row the receiver belongs to:
+   X announces itself to its routing-table entries — its leaf-set members excepted, whom the
+   consistent join's insert-me request told already, and in row 0 only the nearest few — and
+   to the nearest nodes its discovery found (:class:`TableAnnounce`, with the RTT it measured:
    FreePastry ``StandardJoinProtocol.broadcastRows``), starts ``join_walks`` row walks, and
-   maintenance starts.
+   maintenance starts (``tables.py``).
 
 **Row walks** (``tables.py``) ride on the same routed request with ``walk=True``: a ready node
 asks one of its nearest entries to route it towards its own id; every hop sends its
@@ -59,7 +57,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -70,6 +67,7 @@ from overlay.kbr import BaseApplication
 from overlay.runtime import Timer
 
 from .host import PastryHost
+from .locate import NearbyLocator
 from .messages import (
     JoinPayload,
     JoinReply,
@@ -163,22 +161,8 @@ class JoinProtocol:
         self._confirmed: set[NodeHandle] = set()
         self._merging = False
         self._budget = Budget(0, "join_pns_probes")  # PNS probes left in this attempt
-        # nearby-node discovery (LOCATING)
-        self._loc_round = 0
-        self._loc_asked: NodeHandle | None = None  # None: the seed address
-        self._loc_replied = False  # the node asked this round has answered
-        self._loc_sent_at = 0.0  # when this round's request left (its reply is an RTT sample)
-        self._loc_done: set[NodeHandle] = set()  # nodes asked so far
-        self._loc_best: NodeHandle | None = None  # nearest after the previous round
-        self._loc_stale = 0  # rounds in a row that found no nearer node
-        self._loc_pending: set[NodeHandle] = set()
-        self._loc_rtt: dict[NodeHandle, float] = {}
-        self._loc_timer: Timer | None = None
-        #: this round's candidates not yet taken (least promising first) with their hints,
-        #: our RTT to the replier, and the probes the round may still start
-        self._loc_cands: list[tuple[NodeHandle, float]] = []
-        self._loc_a: float | None = None
-        self._loc_left = 0
+        #: nearby-node discovery (LOCATING)
+        self.locator = NearbyLocator(core, self._located)
         #: the node our join was routed through (the nearest found)
         self.entry: NodeHandle | None = None
         #: the nearest nodes the discovery walk measured (told about us once we are ready)
@@ -206,234 +190,44 @@ class JoinProtocol:
         rt = core.runtime
         cfg = core.config
         self._cancel_asks()
-        self._loc_reset()
+        self.locator.reset()
         self._budget = Budget(cfg.join_probe_budget, "join_pns_probes")
         self.nonce = rt.rng.getrandbits(62)
         addr = self.seeds[self.attempt % len(self.seeds)]
         self._arm(cfg.join_timeout_s * (2**self.attempt))
         if cfg.join_locate_rounds > 0:
             self.state = JoinState.LOCATING
-            core.stats["join_locate_requests"] += 1
-            self._loc_sent_at = rt.now()
-            rt.send_address(addr, NearbyRequest(self.nonce, -1))
+            self.locator.start(self.nonce, addr)
             return
         self.state = JoinState.JOINING
         core.stats["join_requests"] += 1
         rt.send_address(addr, JoinRequest(self.nonce))
 
     # ------------------------------------------------------------------ nearby-node discovery
-    def _loc_reset(self) -> None:
-        if self._loc_timer is not None:
-            self._loc_timer.cancel()
-            self._loc_timer = None
-        self._loc_round = 0
-        self._loc_asked = None
-        self._loc_replied = False
-        self._loc_done.clear()
-        self._loc_stale = 0
-        self._loc_pending.clear()
-        self._loc_rtt.clear()
-        self._loc_cands.clear()
-
     def on_nearby_request(self, src: NodeHandle, msg: NearbyRequest) -> None:
-        """Existing-node side: answer a joiner's discovery request (ready nodes only) with our
-        leaf set (row -1) or our routing rows ``row`` .. ``row + 2``, with our RTTs as hints.
-
-        Three rows — the whole table of rings up to ~10^5 nodes: row 0's near entries to zoom
-        in, the deeper rows' spread-out ones to move on (two rows found the nearest node less
-        often: 97 % of row-0 slots best at N = 2 000 against 99 %). Capped all the same: a
-        discovery request comes from a node that is no member yet, so its answer amplifies."""
-        core = self.core
-        row = msg.row
-        if type(row) is not int or not -1 <= row < core.table.nrows:
-            raise ValueError(f"NearbyRequest row out of range: {row!r}")
-        if not core.ready or src.id == core.id:
-            return
-        table = core.table
-        entries = core.leaf.nodes() if row < 0 else table.rows_between(row, row + 2)
-        rows = table.populated_rows()
-        depth = rows[-1] + 1 if rows else 0
-        core.runtime.send(src, NearbyReply(msg.nonce, row, entries, core.hints(entries), depth))
+        """Existing-node side of the discovery (``locate.py``)."""
+        self.locator.on_nearby_request(src, msg)
 
     def on_nearby_reply(self, src: NodeHandle, msg: NearbyReply) -> None:
-        """LOCATING: measure the RTT to the sender and to the nodes it listed that may be nearer
-        than the nearest found so far, then take the next step of the walk."""
+        """LOCATING: a discovery reply (``locate.py``).
 
-        entries = check_handles(msg.entries)
-        rtts = check_hints(msg.rtts, len(entries))
-        if type(msg.depth) is not int:
-            raise ValueError("NearbyReply.depth must be an int")
-        if self.state is not JoinState.LOCATING or msg.nonce != self.nonce:
-            return
-        if self._loc_asked is not None and src != self._loc_asked:
-            return  # replies bind to the node asked (the seed address: whoever answers it)
-        if self._loc_replied or src.id == self.core.id:  # a duplicate, a late reply, or us
-            return
-        core = self.core
-        self._loc_replied = True
-        self._loc_asked = src
-        self._loc_done.add(src)
-        if self._loc_timer is not None:
-            self._loc_timer.cancel()
-            self._loc_timer = None
-        prox = core.prox
-        # The request and its reply are a round trip of our own: an RTT sample of the replier
-        # (an upper bound of the true RTT — no answer leaves before its request arrives), so
-        # the seed needs no probe, and its RTT turns the hints of round 0 into bounds too.
-        prox.sample(src, core.runtime.now() - self._loc_sent_at)
-        self._loc_rtt[src] = prox.rtt(src) or 0.0
-        limit = core.config.join_locate_probes
-        a = self._loc_rtt.get(src)
-        rnd = self._loc_round
-        hints = rtts if rtts else (-1.0,) * len(entries)
+        Once the seed has answered, the discovery is bounded by its own timers; the join timer
+        is then only a safety net over that bound, and the routed join gets its own timeout
+        when it starts. (One timeout over both retried a quarter of the joins of a 1 000-node
+        transit-stub ring while they were still locating — each retry a whole new discovery.)"""
+        answered = self.locator.answered
+        self.locator.on_nearby_reply(src, msg)
+        if not answered and self.locator.answered and self.state is JoinState.LOCATING:
+            self._arm(self.locator.max_duration_s() + self.core.config.join_timeout_s)
 
-        def promise(t: tuple[NodeHandle, float]) -> tuple[float, float, int]:
-            # Triangle inequality: |a - h| <= rtt(us, it) <= a + h. Most promising first: the
-            # smallest lower bound — nodes about as far from the replier as we are, i.e. in
-            # the *other* branches at our level of a hierarchical network (the replier's own
-            # neighbourhood, h ~ 0, is no nearer to us than the replier itself).
-            h, hint = t
-            if h == src:
-                return (-1.0, 0.0, 0)  # the replier first: its RTT anchors the bounds
-            if a is None or hint < 0.0:
-                return (math.inf, math.inf, int(h.id))
-            return (abs(a - hint), a + hint, int(h.id))
-
-        self._loc_cands = sorted([(src, 0.0), *zip(entries, hints, strict=True)], key=promise)
-        self._loc_cands.reverse()  # popped from the end: most promising first
-        self._loc_a = a
-        self._loc_left = limit
-        self._loc_batch(rnd)
-
-    def _loc_batch(self, rnd: int) -> None:
-        """Probe the next few candidates of this round's reply, most promising first, pruning
-        again with the nearest RTT found so far; with none left to probe, end the round.
-
-        Probing in small batches (``join_locate_batch``) rather than all at once lets each
-        batch's pongs tighten the bound that prunes the next: a candidate whose lower bound
-        |a - h| is no better than the nearest node found cannot be nearer (the triangle
-        inequality), and the candidates come sorted by that bound, so once one is pruned the
-        rest of the hinted ones are too."""
-        core = self.core
-        prox = core.prox
-        a = self._loc_a
-        best = min(self._loc_rtt.values(), default=math.inf)
-        cands = self._loc_cands
-        batch = core.config.join_locate_batch
-        started = 0
-        while cands and started < batch and self._loc_left > 0:
-            h, hint = cands.pop()
-            if h.id == core.id or h in self._loc_rtt or h in self._loc_pending:
-                continue
-            if prox.is_dead(h):
-                continue
-            rtt = prox.rtt(h)
-            if rtt is not None:
-                self._loc_rtt[h] = rtt
-                best = min(best, rtt)
-                continue
-            if a is not None and hint >= 0.0 and abs(a - hint) >= best:
-                core.stats["join_locate_pruned"] += 1
-                continue  # it cannot be nearer than the nearest found so far
-            self._loc_left -= 1
-            started += 1
-            self._loc_pending.add(h)
-            core.stats["join_locate_probes"] += 1
-            prox.probe(h, self._loc_cb(h, rnd))
-        if not self._loc_pending:
-            cands.clear()
-            self._loc_step(rnd)
-            return
-        if self._loc_timer is not None:
-            self._loc_timer.cancel()
-        wait = core.config.join_locate_wait_s
-        self._loc_timer = core.runtime.call_later(wait, lambda: self._loc_batch_timeout(rnd))
-
-    def _loc_batch_timeout(self, rnd: int) -> None:
-        """A batch's pongs did not all come in time: go on without the silent ones."""
-        if self._loc_round != rnd or self.state is not JoinState.LOCATING or self.core.stopped:
-            return
-        self._loc_timer = None
-        self._loc_pending.clear()
-        self._loc_batch(rnd)
-
-    def _loc_cb(self, h: NodeHandle, rnd: int) -> Callable[[float | None], None]:
-        def done(rtt: float | None) -> None:
-            if self._loc_round != rnd or self.state is not JoinState.LOCATING:
-                return
-            if rtt is not None:  # a straggler of an earlier batch still counts
-                self._loc_rtt[h] = self.core.prox.rtt(h) or rtt
-            if h not in self._loc_pending:
-                return
-            self._loc_pending.discard(h)
-            if not self._loc_pending:
-                self._loc_batch(rnd)
-
-        return done
-
-    def _loc_step(self, rnd: int) -> None:
-        """A discovery round ended: ask the nearest node not asked yet for its routing rows,
-        or join through the nearest node found.
-
-        The walk (Castro et al. 2002 §4; FreePastry ``PNSApplication.getNearest``): the seed's
-        leaf set (spread over the network), then rows 0-2 of the nearest node so far — deep
-        rows hold few candidates per slot, so their entries are spread out and move the walk
-        to the right region; row 0 holds the nearest of many, so it zooms in (FreePastry asks
-        one row per request, deepest first; all rows in one request, with the hints pruning
-        what is probed, take fewer round trips; asking the deep rows first found the nearest
-        node less often in 300-node rings, 73 % against 91 %). It stops when
-        ``join_locate_patience`` rounds in a row found no nearer node, or after
-        ``join_locate_rounds`` requests; a round that finds nothing nearer asks the next
-        nearest node not asked yet (a small beam against local minima).
-        """
-        if self._loc_round != rnd or self.state is not JoinState.LOCATING or self.core.stopped:
+    def _located(self, target: NodeHandle | None, near: list[NodeHandle]) -> None:
+        """The discovery ended: join through the nearest node found."""
+        if self.state is not JoinState.LOCATING:
             return
         core = self.core
-        cfg = core.config
-        if self._loc_timer is not None:
-            self._loc_timer.cancel()
-            self._loc_timer = None
-        self._loc_pending.clear()
-        self._loc_round += 1
-        order = sorted(self._loc_rtt, key=lambda h: (self._loc_rtt[h], int(h.id)))
-        best = order[0] if order else None
-        asked = self._loc_asked
-        if rnd > 0:  # the seed's leaf set (round 0) is no step of the walk
-            self._loc_stale = 0 if best != self._loc_best else self._loc_stale + 1
-        self._loc_best = best
-        nxt = next((h for h in order if h not in self._loc_done), None)
-        if (
-            nxt is not None
-            and self._loc_round <= cfg.join_locate_rounds
-            and self._loc_stale < cfg.join_locate_patience
-        ):
-            self._loc_asked = nxt
-            self._loc_replied = False
-            core.stats["join_locate_requests"] += 1
-            self._loc_sent_at = core.runtime.now()
-            core.runtime.send(nxt, NearbyRequest(self.nonce, 0))
-            nonce = self.nonce
-            rnd2 = self._loc_round
-
-            def no_answer() -> None:
-                if self.nonce == nonce and self._loc_round == rnd2 and not self._loc_replied:
-                    # it did not answer: forget it and go on from the next nearest node
-                    core.stats["join_locate_silent"] += 1
-                    self._loc_rtt.pop(nxt, None)
-                    self._loc_done.add(nxt)
-                    self._loc_step(rnd2)
-
-            self._loc_timer = core.runtime.call_later(
-                cfg.join_locate_wait_s + core.prox.rto(nxt), no_answer
-            )
-            return
-        target = best if best is not None else asked
-        # every RTT measured while searching is a PNS sample for our own table
-        for h in sorted(self._loc_rtt, key=lambda h: int(h.id)):
-            core.consider(h, probe=False)
-        self.near_found = order[: cfg.announce_nearest]
-        self._loc_rtt.clear()
+        self.near_found = near
         self.state = JoinState.JOINING
+        self._arm(core.config.join_timeout_s * (2**self.attempt))
         core.stats["join_requests"] += 1
         if target is None:  # nothing answered but the seed address itself
             core.runtime.send_address(
@@ -458,7 +252,7 @@ class JoinProtocol:
         if self.attempt >= self.core.config.join_attempts:
             self.state = JoinState.FAILED
             self._cancel_asks()
-            self._loc_reset()
+            self.locator.reset()
             log.debug("join of %s failed after %d attempts", self.core.id.short(), self.attempt)
             self._finish(False)
             return
@@ -618,7 +412,7 @@ class JoinProtocol:
             self._timer.cancel()
             self._timer = None
         self._cancel_asks()
-        self._loc_reset()
+        self.locator.reset()
 
     def mark_ready(self) -> None:
         """Oracle build: the steady state was installed directly."""

@@ -10,14 +10,20 @@ the tables near as nodes arrive is done here, every candidate going through
 triangle inequality; only candidates that may beat an entry are probed, at most a fixed number
 per message, and only our own measurements decide a slot):
 
-* **Announcements.** A node that becomes ready tells each routing-table entry about itself
+* **Announcements.** A node that becomes ready tells its routing-table entries about itself
   (with its RTT to it: the receiver probes the newcomer only if that hint beats its entry), and
   likewise the nearest nodes its discovery found — near nodes need each other most, yet a table
-  holds one of them per slot. The row the receiver sits in goes along as candidates only when
+  holds one of them per slot. Not told: leaf-set members (the consistent join's insert-me
+  request made them learn us already) and row-0 entries beyond the nearest
+  ``announce_row0_nearest`` (a receiver keeps the nearest of ~N/16 candidates in row 0: a far
+  newcomer never wins it). The row the receiver sits in goes along as candidates only when
   receivers probe some of them (``announce_probe_limit`` > 0).
 * **Row swaps.** Every ``row_exchange_interval_s`` each populated row is swapped with one of its
   entries — one of the nearest half the time (their rows hold nodes near us), any otherwise
   (sparse slots are found by looking around): the request carries our row, the reply its row.
+  A request and its reply are a round trip of our own: the reply is an RTT sample of the
+  replier (Karn's rule: not when a second request to it was outstanding), so its hints are
+  bounds at once and an unmeasured replier needs no probe.
 * **Row walks.** Every ``walk_interval_s`` (and ``join_walks`` times at the end of a join) a
   ``JoinRequest(walk=True)`` is routed from one of our nearest entries towards our own id: each
   hop sends the rows a joiner would get from it. A route that starts near us stays near us while
@@ -60,8 +66,9 @@ class TableMaintenance:
     def __init__(self, core: PastryHost) -> None:
         self.core = core
         self.cfg = core.config
-        #: row requests awaiting their reply: (peer, row) -> when sent (replies bind to them)
-        self._row_pending: dict[tuple[NodeHandle, int], float] = {}
+        #: row requests awaiting their reply: (peer, row) -> (when sent, whether the reply is
+        #: an RTT sample) — replies bind to them
+        self._row_pending: dict[tuple[NodeHandle, int], tuple[float, bool]] = {}
         #: outstanding row walks by nonce (replies bind to them)
         self._walks: dict[int, _Walk] = {}
         self._row_timer: Timer | None = None
@@ -97,24 +104,32 @@ class TableMaintenance:
         # own row r, with our RTTs as hints — sent only if receivers spend probes on them
         # (``announce_probe_limit``; unprobed, unsolicited candidates never enter a table).
         push = self.cfg.announce_probe_limit > 0
+        # Leaf-set members need no announcement: the consistent join's insert-me request
+        # already made each of them learn us (MSPastry §3.1), the one message doing both.
+        leaf = core.leaf.members
+        skip = self._far_row0() if not push else set()
+        sent = 0
         for r in table.populated_rows():
             row = table.row(r)
             hints = core.hints(row)
             for i, h in enumerate(row):
+                if not push and (h in leaf or h in skip):
+                    continue
+                sent += 1
                 if push:
                     rest = tuple(row[:i] + row[i + 1 :])
                     msg = TableAnnounce(hints[i], rest, hints[:i] + hints[i + 1 :])
                 else:
                     msg = TableAnnounce(hints[i])
                 core.runtime.send(h, msg)
-        core.stats["table_announces"] += len(table)
+        core.stats["table_announces"] += sent
         # The nearest nodes the discovery walk found need us in *their* tables most (a near
         # pair routes near only through near entries), yet our table may hold only one of them
         # per slot: tell them too, with the row of ours they would take candidates from.
         b = self.cfg.b_bits
         joiner = core.joiner
         for h in joiner.near_found:
-            if h in table.members or core.prox.is_dead(h):
+            if h in table.members or h in leaf or core.prox.is_dead(h):
                 continue
             r = shared_prefix_len(h.id, core.id, b)
             row = table.row(r)
@@ -128,6 +143,22 @@ class TableMaintenance:
         joiner.near_found = []
         # more routes towards our id from other near nodes: more near candidates per row
         self.walk_from_nearest(self.cfg.join_walks, skip=core.joiner.entry)
+
+    def _far_row0(self) -> set[NodeHandle]:
+        """Row-0 entries beyond the ``announce_row0_nearest`` nearest: not announced to.
+
+        An announce pays when the receiver would take us into a slot; in its row 0 our slot
+        has ~N/16 candidates and holds the nearest of them, which we beat only if we are
+        near the receiver (Castro et al. 2002 §4: a node's row-0 entries are its near nodes).
+        The nearest nodes the discovery found are told in any case (``on_ready``)."""
+        core = self.core
+        row = core.table.row(0)
+        k = self.cfg.announce_row0_nearest
+        if len(row) <= k:
+            return set()
+        rtt = core.prox.rtt
+        ranked = sorted(row, key=lambda h: (math.inf if (r := rtt(h)) is None else r, int(h.id)))
+        return set(ranked[k:])
 
     def start_walk(self, via: NodeHandle) -> bool:
         """Route a row walk for our own id from ``via`` (a ready node only): every hop sends
@@ -217,13 +248,15 @@ class TableMaintenance:
         now = self.core.runtime.now()
         pend = self._row_pending
         limit = self.cfg.row_reply_timeout_s
-        if pend and next(iter(pend.values())) < now - limit:
-            for k in [k for k, t in pend.items() if t < now - limit]:
+        if pend and next(iter(pend.values()))[0] < now - limit:
+            for k in [k for k, (t, _) in pend.items() if t < now - limit]:
                 del pend[k]
         while len(pend) >= 4 * self.core.table.nrows:
             del pend[next(iter(pend))]
-        pend.pop((peer, row), None)
-        pend[(peer, row)] = now
+        # A second request while one is outstanding: the reply may answer either, so it is
+        # no RTT sample (Karn's rule, RFC 6298 §3).
+        again = pend.pop((peer, row), None) is not None
+        pend[(peer, row)] = (now, not again)
 
     def _row_exchange(self) -> None:
         core = self.core
@@ -313,10 +346,18 @@ class TableMaintenance:
         rtts = check_hints(msg.rtts, len(entries))
         core = self.core
         row = msg.row
-        sent = self._row_pending.pop((src, row), None) if type(row) is int else None
-        if sent is None or core.runtime.now() - sent > self.cfg.row_reply_timeout_s:
+        pending = self._row_pending.pop((src, row), None) if type(row) is int else None
+        now = core.runtime.now()
+        if pending is None or now - pending[0] > self.cfg.row_reply_timeout_s:
             core.stats["row_reply_unsolicited"] += 1
             return  # replies bind to our requests (and to the node asked)
+        sent, is_sample = pending
+        if is_sample:
+            # The request and its reply are a round trip of our own (the replier answers at
+            # once): an RTT sample without a probe, which also turns the reply's hints into
+            # bounds, so an unmeasured replier costs no anchoring probe.
+            core.prox.sample(src, now - sent)
+            core.stats["row_reply_rtt_samples"] += 1
         core.stats["row_pns_probes"] += core.offer_hinted(
             src, entries, rtts, self.cfg.row_probe_limit
         )
