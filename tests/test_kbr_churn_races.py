@@ -95,10 +95,11 @@ class _Wire:
             self.advance(0.05)
         return prox.is_dead(self.h(dead))
 
-    def add_joining(self, j: int, cfg: ToyConfig) -> _Joining:
-        """Add node ``j``, still joining until the test sets its ``ready``."""
+    def add_joining(self, j: int, cfg: ToyConfig, cls: type[_Joining] | None = None) -> _Joining:
+        """Add node ``j`` (a ``cls``, default :class:`_Joining`), still joining until the test
+        sets its ``ready``."""
         rt = ManualRuntime(seed=j)
-        joining = _Joining(rt, NodeHandle(NodeId(j), f"n{j}"), cfg)
+        joining = (cls or _Joining)(rt, NodeHandle(NodeId(j), f"n{j}"), cfg)
         joining.register("app", _Got(self.got, j))
         self.cores[j] = joining
         self.rts[j] = rt
@@ -248,20 +249,26 @@ def test_a_suspected_closer_node_that_is_dead_is_waited_for_only_until_its_verdi
     assert w.got == [(x, "k")]
 
 
+def _lookup_towards_a_joining_root(cfg: ToyConfig) -> tuple[_Wire, _Joining, int, int]:
+    """S routes key 1000 by X (1010) towards R (1001), which is still joining; the wire is
+    pumped once. Returns the wire, R's core, and X and R."""
+    s, x, r = 100, 1010, 1001
+    w = _Wire([s, x], cfg, dead=set())
+    joining = w.add_joining(r, cfg)
+    w.knows(s, x)
+    w.knows(x, r)
+    w.knows(r, x)
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    return w, joining, x, r
+
+
 def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
     # Traced (Pastry, N = 2000, 5 % loss, seed 1): the root R was still joining when the
     # lookup reached it, so it sent it back to X (it is not responsible for keys yet), and X
     # delivered it in R's place — R became active 0.17 s later: "root_excluded". R now holds it
     # for a moment (``hold_unready_s``, off by default) and delivers it when its join ends.
-    key = 1000
-    s, x, r = 100, 1010, 1001
-    w = _Wire([s, x], _HOLD_JOINING, dead=set())
-    joining = w.add_joining(r, _HOLD_JOINING)
-    w.knows(s, x)
-    w.knows(x, r)
-    w.knows(r, x)
-    w.cores[s].route(NodeId(key), "app", "k")
-    w.pump()
+    w, joining, _x, r = _lookup_towards_a_joining_root(_HOLD_JOINING)
     assert w.got == [] and joining.stats["held_unready"] == 1
     w.advance(0.2)
     joining.ready = True  # the join ends (MSPastry §3.1: the node becomes active)
@@ -271,16 +278,9 @@ def test_a_joining_root_holds_a_lookup_until_its_join_ends() -> None:
 
 
 def test_a_joining_node_whose_join_does_not_end_still_sends_the_lookup_back() -> None:
-    # _HOLD_JOINING: the joiner holds it 2 s, then sends it back; X retries once, then delivers
-    key = 1000
-    s, x, r = 100, 1010, 1001
-    w = _Wire([s, x], _HOLD_JOINING, dead=set())
-    joining = w.add_joining(r, _HOLD_JOINING)
-    w.knows(s, x)
-    w.knows(x, r)
-    w.knows(r, x)
-    w.cores[s].route(NodeId(key), "app", "k")
-    w.pump()
+    # _HOLD_JOINING: the joiner holds it 2 s, then sends it back; X retries
+    # ``retry_bounced_times`` times, then delivers
+    w, joining, x, _r = _lookup_towards_a_joining_root(_HOLD_JOINING)
     w.advance(30.0)
     assert w.got == [(x, "k")]  # X is the closest *active* node
     times = KbrConfig().retry_bounced_times
@@ -294,15 +294,7 @@ def test_a_lookup_a_joining_root_sent_back_is_retried_there(ready_after_s: float
     # back to X, which delivered it in R's place; R became active 0.12 s later:
     # "root_excluded". X now sends it to R again a moment later, up to five times with
     # doubling waits (``retry_bounced_s``: 0.3, 0.6, 1.2, 2.4, 4.8 s).
-    key = 1000
-    s, x, r = 100, 1010, 1001
-    w = _Wire([s, x], _PASTRY_LIKE, dead=set())
-    joining = w.add_joining(r, _PASTRY_LIKE)
-    w.knows(s, x)
-    w.knows(x, r)
-    w.knows(r, x)
-    w.cores[s].route(NodeId(key), "app", "k")
-    w.pump()
+    w, joining, x, r = _lookup_towards_a_joining_root(_PASTRY_LIKE)
     assert w.got == [] and joining.stats["bounced_unready"] == 1
     w.advance(ready_after_s)
     joining.ready = True
@@ -351,10 +343,7 @@ def test_a_verdict_that_ends_a_join_is_applied_before_the_messages_waiting_on_it
     s, r, j, d = 100, 1006, 1003, 1000
     cfg = ToyConfig(kbr=KbrConfig(hold_returning_copies=True, retry_bounced_s=0.0))
     w = _Wire([s, r, d], cfg, dead={d})
-    joiner = _JoinEndsOnVerdict(ManualRuntime(seed=j), NodeHandle(NodeId(j), f"n{j}"), cfg)
-    joiner.register("app", _Got(w.got, j))
-    w.cores[j] = joiner
-    w.rts[j] = joiner.runtime  # type: ignore[assignment]
+    w.add_joining(j, cfg, _JoinEndsOnVerdict)
     w.knows(s, r)
     w.knows(r, j)
     w.knows(j, d, r)
