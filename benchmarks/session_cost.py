@@ -21,7 +21,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import transports.session as session_mod
+import transports.session_record as session_record
 from transports.auth import Signer, Verifier, key_hash, public_bytes
 from transports.session import SessionConfig, Sessions
 
@@ -105,7 +105,7 @@ def measure(body_bytes: int, n: int) -> dict[str, Any]:
 
     t = time.perf_counter()
     for i in range(hs_n):
-        session_mod._VERIFIED.clear()  # first contact: both identity signatures are checked
+        session_record._VERIFIED.clear()  # first contact: both identity signatures are checked
         x, y, ox, oy = _pair_cache[0]
         x._tried.clear()
         _handshake(x, y, ox, oy, 100.0 * (hs_n + i + 1))

@@ -3,13 +3,13 @@
 Theory of operation (docs/simulator.md): a :class:`Network` owns one :class:`Engine` and a list of
 :class:`SimNode`. Each node runs an unmodified protocol core (Pastry or small-world) behind a
 :class:`SimRuntime`, whose ``send`` turns into a delivery event ``latency.one_way_s(a, b)`` later
-(unless the message is lost or crosses a partition). Sim addresses are node indices. Every node
-shares the network's one seeded ``random.Random`` (a Mersenne Twister state is 2.5 KB; one per
-node would cost gigabytes at 10^6 nodes, and one loop makes sharing deterministic anyway).
+(unless the message is lost or crosses a partition: the :class:`~sim_adapter.delivery.Delivery`
+mixin, ``sim_adapter/delivery.py``). Sim addresses are node indices. Every node shares the
+network's one seeded ``random.Random`` (a Mersenne Twister state is 2.5 KB; one per node would
+cost gigabytes at 10^6 nodes, and one loop makes sharing deterministic anyway).
 
-Measurements are made through the KBR API, never by peeking into routing tables: a lookup is a
-real ``route()`` of a tiny payload for the built-in application ``sim.lookup``; its ``forward``
-upcalls count hops and its ``deliver`` upcall records which node answered and when.
+Measurements (the oracle, lookups, counting) are the :class:`~sim_adapter.measure.Measurements`
+mixin (``sim_adapter/measure.py``): made through the KBR API, never by peeking into routing tables.
 
 ``fidelity=True`` makes deliveries look as they do on a live node (:class:`~sim_adapter.simnode.
 Fidelity`): every message crosses ``overlay.wire`` both ways, receivers get the observed sender
@@ -21,24 +21,23 @@ from __future__ import annotations
 import bisect
 import logging
 import random
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from overlay.errors import ConfigError, OverlayError
 from overlay.handle import Address, NodeHandle
-from overlay.ids import NodeId, closer
+from overlay.ids import NodeId
 from overlay.kbr import KbrCore
 from overlay.messages import Message
-from overlay.multicast import MULTICAST_APP, Multicast, MulticastResult
 from overlay.multicast import attach as attach_multicast
+from sim_adapter.delivery import Delivery
 from sim_adapter.engine import Engine
+from sim_adapter.measure import LOOKUP_APP, Aggregate, Measurements
 from sim_adapter.simnode import (
     FIDELITY_DEFAULT,
     Fidelity,
     Lookup,
     LookupApp,
-    LookupState,
     SimNode,
     SimRuntime,
 )
@@ -47,8 +46,6 @@ if TYPE_CHECKING:
     from sim_adapter.latency import LatencyModel
 
 log = logging.getLogger(__name__)
-
-LOOKUP_APP = "sim.lookup"
 
 __all__ = ["LOOKUP_APP", "OVERLAYS", "Aggregate", "Lookup", "Network", "SimNode", "SimRuntime"]
 
@@ -77,7 +74,7 @@ def _overlay_parts(name: str) -> _Parts:
     raise ConfigError(f"unknown overlay {name!r}: expected one of {known}")
 
 
-class Network:
+class Network(Delivery, Measurements):
     """A whole simulated overlay network in one process (docs/design.md, "Public API")."""
 
     def __init__(
@@ -107,9 +104,7 @@ class Network:
         self._partition: list[int] | None = None
         self._ungrouped = 0  # the partition label of nodes in no group
         self._send_to: NodeId | None = None  # see SimHost._send_to
-        self._lookups: dict[int, LookupState] = {}
-        self._lookup_seq = 0
-        self._waiting = 0
+        super().__init__()  # the lookups' state (sim_adapter/measure.py)
         self.message_count = 0
         self.bytes_sent = 0
         self.dropped_loss = 0
@@ -117,7 +112,6 @@ class Network:
         self.dropped_dead = 0
         self.failed_arrivals = 0  # arrive() joins that failed
         self._by_class: dict[type[Message], int] = {}
-        self.duplicate_deliveries = 0
         self._encode: Callable[[Message], bytes] | None = None
         if codec:
             from overlay.wire import encode_message
@@ -134,11 +128,6 @@ class Network:
         """Virtual time, seconds."""
         return self.engine.now
 
-    @property
-    def msg_by_type(self) -> Counter[str]:
-        """Messages sent so far, by message class name."""
-        return Counter({t.__name__: n for t, n in self._by_class.items()})
-
     def live_nodes(self) -> list[SimNode]:
         """The nodes currently alive."""
         return [n for n in self.nodes if n.alive]
@@ -152,93 +141,6 @@ class Network:
         if seconds < 0:
             raise ConfigError("run() needs a non-negative duration")
         self.engine.run_until(self.engine.now + seconds)
-
-    # ------------------------------------------------------------------ transport
-    def _send(self, src: int, dst: Address, msg: Message) -> None:
-        to = self._send_to
-        self._send_to = None
-        self.message_count += 1
-        by = self._by_class
-        t = type(msg)
-        by[t] = by.get(t, 0) + 1
-        fid = self.fidelity
-        data = b""
-        if fid is not None:
-            got = fid.encode(msg)
-            if got is None:
-                return
-            data = got
-            self.bytes_sent += len(data)
-        elif self._encode is not None:
-            self.bytes_sent += len(self._encode(msg))
-        if not isinstance(dst, int) or not 0 <= dst < len(self.nodes):
-            self.dropped_dead += 1
-            return
-        if fid is not None and dst == src:  # live drops a frame signed by its own id
-            fid.stats["self_dropped"] += 1
-            return
-        if self.loss and self.rng.random() < self.loss:
-            self.dropped_loss += 1
-            return
-        part = self._partition
-        if part is not None and part[src] != part[dst]:
-            self.dropped_partition += 1
-            return
-        eng = self.engine
-        when = eng.now + self.latency.one_way_s(src, dst)
-        if fid is None:
-            eng.push(when, self._deliver, (src, dst, msg))
-        else:
-            eng.push(when, self._deliver_wire, (self.nodes[src].id, src, dst, data, to))
-
-    def _deliver(self, src: int, dst: int, msg: Message) -> None:
-        node = self.nodes[dst]
-        if not node.alive:
-            self.dropped_dead += 1
-            return
-        node.core.receive(self.nodes[src].handle, msg)
-
-    # fidelity mode: bytes on the wire, observed handles (sim_adapter/simnode.py)
-    def _deliver_wire(
-        self, sender: NodeId, src: int | str, dst: int, data: bytes, to: NodeId | None
-    ) -> None:
-        node = self.nodes[dst]
-        if not node.alive:
-            self.dropped_dead += 1
-            return
-        fid = self.fidelity
-        assert fid is not None
-        if to is not None and to != node.id:  # live: Verifier(own_id=...) drops it
-            fid.stats["misdirected"] += 1
-            return
-        msg = fid.decode(data)
-        if msg is not None:
-            node.core.receive(fid.observed(sender, src), msg)
-
-    def inject(self, src: NodeHandle, dst: SimNode, msg: Message, delay_s: float = 0.0) -> None:
-        """Deliver ``msg`` to ``dst`` ``delay_s`` from now as if sent by ``src`` — any handle, a
-        node of the network or not (tests of hostile input). In fidelity mode it crosses the wire
-        and arrives from ``src.id`` at ``src.address``, as a signed datagram from there would."""
-        if delay_s < 0:
-            raise ConfigError("inject() needs delay_s >= 0")
-        fid = self.fidelity
-        eng = self.engine
-        if fid is None:
-            eng.push(eng.now + delay_s, self._deliver_as, (src, dst.index, msg))
-            return
-        data = fid.encode(msg)
-        if data is not None:
-            addr = src.address
-            if not isinstance(addr, (int, str)):
-                raise ConfigError(f"inject() needs an int or str address, got {addr!r}")
-            eng.push(eng.now + delay_s, self._deliver_wire, (src.id, addr, dst.index, data, None))
-
-    def _deliver_as(self, src: NodeHandle, dst: int, msg: Message) -> None:
-        node = self.nodes[dst]
-        if node.alive:
-            node.core.receive(src, msg)
-        else:
-            self.dropped_dead += 1
 
     # ------------------------------------------------------------------ population
     def _new_node(
@@ -513,154 +415,3 @@ class Network:
             if node.alive:
                 node.core.leave()
         self.crash(batch)
-
-    # ------------------------------------------------------------------ partitions
-    def partition(self, groups: Sequence[Iterable[SimNode]]) -> None:
-        """Cut the network: messages between different groups are dropped until ``heal()``.
-        Nodes in no group form one more group of their own."""
-        self._ungrouped = len(groups)
-        label = [len(groups)] * len(self.nodes)
-        for g, members in enumerate(groups):
-            for m in members:
-                label[m.index] = g
-        self._partition = label
-
-    def heal(self) -> None:
-        """End the partition: every message is delivered again."""
-        self._partition = None
-
-    # ------------------------------------------------------------------ oracles
-    def closest_live(self, key: int) -> NodeId:
-        """The live node numerically closest to ``key`` (ties → smaller id), by brute force
-        over the sorted live ids: the oracle every routing test checks against."""
-        ids = self._live_ids
-        if not ids:
-            raise OverlayError("no live node")
-        i = bisect.bisect_left(ids, key)
-        a = ids[i % len(ids)]
-        b = ids[(i - 1) % len(ids)]
-        return self._by_id[a if closer(key, a, b) else b].id
-
-    # ------------------------------------------------------------------ lookups
-    def _lookup_delivered(self, lid: int, at: NodeId) -> None:
-        st = self._lookups.get(lid)
-        if st is None:
-            return
-        if st.done:
-            self.duplicate_deliveries += 1
-            return
-        st.done = True
-        st.result = at
-        st.t1 = self.engine.now
-        self._waiting -= 1
-        if self._waiting == 0:
-            self.engine.stop()
-
-    def lookup(self, src: SimNode, key: NodeId, timeout_s: float = 60.0) -> Lookup:
-        """Route ``key`` from ``src`` and run the simulation until it is delivered."""
-        return self.lookup_many([(src, key)], timeout_s)[0]
-
-    def lookup_many(
-        self, pairs: Sequence[tuple[SimNode, NodeId]], timeout_s: float = 60.0
-    ) -> list[Lookup]:
-        """Start all lookups at once (at the current virtual time) and run until every one is
-        delivered or ``timeout_s`` passes; undelivered ones have ``result=None``."""
-        states: list[tuple[int, LookupState]] = []
-        now = self.engine.now
-        for src, key in pairs:
-            if not src.alive:
-                raise OverlayError(f"lookup from crashed node {src!r}")
-            self._lookup_seq += 1
-            lid = self._lookup_seq
-            st = LookupState(key, now)
-            self._lookups[lid] = st
-            states.append((lid, st))
-            self._waiting += 1
-            src.core.route(key, LOOKUP_APP, lid)
-        deadline = now + timeout_s
-        while self._waiting > 0 and self.engine.now < deadline:
-            if self.engine.run_until(deadline):
-                break
-        out = []
-        for lid, st in states:
-            del self._lookups[lid]
-            if st.done:
-                out.append(Lookup(st.result, st.hops, st.t1 - st.t0))
-            else:
-                self._waiting -= 1
-                out.append(Lookup(None, st.hops, timeout_s))
-        return out
-
-    # ========================================================================== multicast ====
-    # Counting map-reduce over the ring through the multicast application that ``_new_node``
-    # attaches to every core (overlay/multicast/app.py).
-    def count_nodes(
-        self,
-        src: SimNode,
-        redundant: bool = False,
-        *,
-        begin: NodeId | None = None,
-        end: NodeId | None = None,
-        timeout_s: float | None = None,
-        level_s: float | None = None,
-        max_run_s: float = 3600.0,
-        method: str = "events",
-        rng: random.Random | None = None,
-    ) -> Aggregate:
-        """Count the nodes of the ring (or of the clockwise region [begin, end)) with a real
-        recursive-partition map-reduce started at ``src``; ``redundant`` runs the clockwise and
-        the counter-clockwise tree and merges them (PonD §3.1.4). Runs the simulation until the
-        root answers; ``timeout_s`` bounds the query itself, ``max_run_s`` the virtual time.
-
-        ``method="analytic"`` runs no protocol at all: PondSim's critical-path recursion over the
-        same tree (``sim_adapter.fastquery.count_analytic``; no events, virtual time does not
-        advance; ``rng`` draws its losses, by default one seeded from the network's stream)."""
-        if not src.alive:
-            raise OverlayError(f"count_nodes from crashed node {src!r}")
-        if method == "analytic":
-            from sim_adapter.fastquery import count_analytic
-
-            if rng is None:
-                rng = random.Random(self.rng.getrandbits(64))
-            fast = count_analytic(self, src, redundant, begin=begin, end=end, rng=rng)
-            return Aggregate(fast.value, fast.missing, fast.depth, fast.latency_s)
-        if method != "events":
-            raise ConfigError(f"method must be 'events' or 'analytic', got {method!r}")
-        out: list[MulticastResult] = []
-
-        def done(r: MulticastResult) -> None:
-            out.append(r)
-            self.engine.stop()
-
-        mc = src.core.apps.get(MULTICAST_APP)
-        if not isinstance(mc, Multicast):
-            raise OverlayError("this node has no multicast application")
-        mc.aggregate(
-            "count",
-            None,
-            on_done=done,
-            begin=begin,
-            end=end,
-            direction="both" if redundant else "cw",
-            timeout_s=timeout_s,
-            level_s=level_s,
-        )
-        deadline = self.engine.now + (timeout_s if timeout_s is not None else max_run_s)
-        while not out and self.engine.now < deadline:
-            if self.engine.run_until(deadline) and not out:
-                break
-        if not out:
-            raise OverlayError(f"count_nodes: no answer within {deadline:.0f} s of virtual time")
-        r = out[0]
-        return Aggregate(int(r.value or 0), list(r.missing), r.depth, r.elapsed_s)
-
-
-# ============================================================================== multicast ====
-class Aggregate(NamedTuple):
-    """Outcome of ``Network.count_nodes``: the count, the clockwise ranges whose nodes were not
-    counted, the tree depth and the virtual time the query took."""
-
-    value: int
-    missing: list[tuple[NodeId, NodeId]]
-    depth: int
-    latency_s: float

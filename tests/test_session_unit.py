@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import transports.session as sm
+import transports.session_record as sr
 from transports.auth import key_hash, public_bytes
 from transports.errors import TransportConfigError
 from transports.session import (
@@ -145,7 +146,7 @@ def test_a_static_key_its_identity_did_not_sign_is_refused(liar: str) -> None:
     net = Net()
     a, b = net.add(A), net.add(B)
     _corrupt_payload_signature(net.nodes[liar])
-    sm._VERIFIED.clear()
+    sr._VERIFIED.clear()
     net.connect(A, B)
     honest = b if liar == A else a
     assert honest.counters["handshake_forged"] == 1
