@@ -16,7 +16,8 @@ Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 fail
   A probe is retransmitted with exponential back-off (RTO, 2·RTO, …) ``probe_retries`` times
   before the peer is declared DEAD and the owner's ``on_dead`` callback runs (MSPastry,
   Castro et al. 2003 §3.2: probe before declaring failure, so that message loss alone rarely
-  evicts a live node).
+  evicts a live node). A probe of a mere hint (a candidate, or a peer another node accuses)
+  retransmits only ``hint_probe_retries`` times: most of those point at nodes long gone.
 * ``bad`` is the set of SUSPECTED ∪ DEAD handles; routing consults it on every hop, so it is kept
   as a set rather than derived.
 * The table is bounded by what the owner's routing state references, not by everyone it ever
@@ -75,6 +76,13 @@ class ProximityConfig:
     beta: float = 1 / 4  # RFC 6298 §2.3
     #: retransmissions of an unanswered probe before DEAD (MSPastry probes a few times).
     probe_retries: int = 3
+    #: retransmissions for a probe that checks a *hint* rather than a peer we rely on: a
+    #: routing-table or leaf-set candidate, a nearby-node candidate, another node's failure
+    #: report. Ours: a wrong verdict there costs one candidate (or, for a report, agrees with the
+    #: reporter's own exhausted probes), while a quarter of a churning Pastry ring's pings were
+    #: retransmissions to dead candidates; a probe shared with a full-strength caller keeps
+    #: the full count. Never more than ``probe_retries``.
+    hint_probe_retries: int = 1
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
     #: a live peer no table references is forgotten after this long unreferenced (ours: long
@@ -238,13 +246,17 @@ class PeerTable:
 
 
 class _Probe:
-    __slots__ = ("attempt", "callbacks", "handle", "nonce", "sent_at", "timer")
+    __slots__ = ("attempt", "callbacks", "handle", "nonce", "retries", "sent_at", "timer")
 
-    def __init__(self, handle: NodeHandle, nonce: int, sent_at: float, timer: Timer) -> None:
+    def __init__(
+        self, handle: NodeHandle, nonce: int, sent_at: float, timer: Timer, retries: int
+    ) -> None:
         self.handle = handle
         self.nonce = nonce
         self.sent_at = sent_at
         self.attempt = 0
+        #: retransmissions before DEAD: the largest any sharer of this probe asked for
+        self.retries = retries
         self.timer = timer
         self.callbacks: list[Callable[[float | None], None]] = []
 
@@ -472,29 +484,39 @@ class Proximity:
         self._by_nonce.clear()
 
     # ------------------------------------------------------------------ probing
-    def probe(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
+    def probe(
+        self, h: NodeHandle, callback: ProbeCallback | None = None, hint: bool = False
+    ) -> None:
         """Ping ``h``; ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is DEAD.
 
-        At most one probe per peer is in flight; further callers share its outcome.
+        At most one probe per peer is in flight; further callers share its outcome. ``hint``:
+        ``h`` is a candidate or accused peer, not one we rely on — retransmit only
+        ``hint_probe_retries`` times (unless a full-strength caller shares the probe).
         """
         if h == self.owner:
             if callback is not None:
                 callback(0.0)
             return
+        c = self.config
+        retries = min(c.hint_probe_retries, c.probe_retries) if hint else c.probe_retries
         pr = self._probes.get(h)
         if pr is None:
-            pr = self._send_probe(h, attempt=0)
+            pr = self._send_probe(h, attempt=0, retries=retries)
+        elif retries > pr.retries:
+            pr.retries = retries
         if callback is not None:
             pr.callbacks.append(callback)
 
-    def _send_probe(self, h: NodeHandle, attempt: int, old: _Probe | None = None) -> _Probe:
+    def _send_probe(
+        self, h: NodeHandle, attempt: int, old: _Probe | None = None, retries: int = 0
+    ) -> _Probe:
         rt = self.runtime
         nonce = rt.rng.getrandbits(32)
         now = rt.now()
         timeout = min(self.config.max_rto_s, self.rto(h) * (2**attempt))
         timer = rt.call_later(timeout, lambda: self._probe_timeout(h, nonce))
         if old is None:
-            pr = _Probe(h, nonce, now, timer)
+            pr = _Probe(h, nonce, now, timer, retries)
         else:
             self._by_nonce.pop(old.nonce, None)
             pr = old
@@ -515,7 +537,7 @@ class Proximity:
         if st[r] != _DEAD and st[r] != _SUSPECTED:
             st[r] = _SUSPECTED
             self._bad_add(h)
-        if pr.attempt < self.config.probe_retries:
+        if pr.attempt < pr.retries:
             self._send_probe(h, pr.attempt + 1, pr)
             return
         del self._by_nonce[nonce]

@@ -68,6 +68,34 @@ def test_unanswered_probe_goes_suspected_then_dead_with_backoff() -> None:
     assert p.state(PEER) is Liveness.ALIVE and PEER not in p.bad
 
 
+def _pings_until_dead(rt: ManualRuntime, dead: list[NodeHandle]) -> int:
+    rt.advance(60.0)
+    assert dead == [PEER]
+    return len([m for _, m in rt.take_sent() if isinstance(m, Ping)])
+
+
+def test_a_hint_probe_retransmits_less_unless_a_full_caller_shares_it() -> None:
+    """A probe of a mere candidate gives up after ``hint_probe_retries``; a caller that relies
+    on the peer and joins the probe in flight restores the full count (and a full probe is
+    never shortened by a hint caller)."""
+    rt, p, dead = make()
+    got: list[float | None] = []
+    p.probe(PEER, got.append, hint=True)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.hint_probe_retries == 2
+    assert got == [None]
+
+    rt, p, dead = make()
+    p.probe(PEER, hint=True)
+    rt.advance(1.0001)  # first retransmission due at 1 s: the hint probe is on its last ping
+    p.suspect(PEER)  # a route ack went missing: full strength from here on
+    assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
+
+    rt, p, dead = make()
+    p.probe(PEER)
+    p.probe(PEER, hint=True)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
+
+
 def test_foreign_pong_ignored_and_config_validated() -> None:
     _, p, _ = make()
     p.on_pong(PEER, Pong(12345, 0.0))

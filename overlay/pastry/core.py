@@ -308,7 +308,7 @@ class PastryCore(KbrCore):
                 continue
             self._verifying.add(c)
             self.stats["leaf_verify_probes"] += 1
-            prox.probe(c, self._verified_cb(c))
+            prox.probe(c, self._verified_cb(c), hint=True)
 
     def _verified_cb(self, c: NodeHandle) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:
@@ -341,7 +341,7 @@ class PastryCore(KbrCore):
         if e is None:
             table.put(row, col, h)
             if probe and prox.rtt(h) is None:
-                prox.probe(h)
+                prox.probe(h, hint=True)
                 return True
             return False
         if e == h:
@@ -352,7 +352,7 @@ class PastryCore(KbrCore):
         rh = prox.rtt(h)
         if rh is None:
             if probe:
-                prox.probe(h, self._pns_cb(h))
+                prox.probe(h, self._pns_cb(h), hint=True)
                 return True
             return False
         re = prox.rtt(e)
@@ -431,10 +431,11 @@ class PastryCore(KbrCore):
                 if rh is not None or fill_unmeasured:
                     table.put(row, col, h)
                     if rh is None and probes < budget:
-                        prox.probe(h)  # measured now, so later candidates can be compared
+                        # measured now, so later candidates can be compared
+                        prox.probe(h, hint=True)
                         probes += 1
                 elif probes < budget:
-                    prox.probe(h, self._pns_cb(h))
+                    prox.probe(h, self._pns_cb(h), hint=True)
                     probes += 1
                 continue
             if e in bad and h not in bad:
@@ -453,7 +454,7 @@ class PastryCore(KbrCore):
                 prox.probe(e, cb)
                 probes += 1
             if rh is None and probes < budget:
-                prox.probe(h, cb)
+                prox.probe(h, cb, hint=True)
                 probes += 1
         if probes:
             self.stats["pns_hinted_probes"] += probes
@@ -520,7 +521,9 @@ class PastryCore(KbrCore):
                 del self._report_probed[k]
         self._report_probed[h] = now
         self.stats["failure_report_probes"] += 1
-        self.prox.probe(h, self._report_probe_cb(h, found_at))
+        # a hint probe: the reporter's own probes ran out already, so ours only has to guard
+        # against a false report (one retransmission; see ProximityConfig.hint_probe_retries)
+        self.prox.probe(h, self._report_probe_cb(h, found_at), hint=True)
 
     def _report_probe_cb(self, h: NodeHandle, found_at: float) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:

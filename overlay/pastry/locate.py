@@ -188,7 +188,7 @@ class NearbyLocator:
             started += 1
             self._pending.add(h)
             core.stats["join_locate_probes"] += 1
-            prox.probe(h, self._pong_cb(h, rnd))
+            prox.probe(h, self._pong_cb(h, rnd), hint=True)
         if not self._pending:
             cands.clear()
             self._step(rnd)

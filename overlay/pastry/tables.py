@@ -441,7 +441,7 @@ def offer_anchored(
                 core.consider(src, probe=False)
                 spend(core.offer_hinted(src, entries, rtts, max(0, budget.left)))
 
-        prox.probe(src, anchored)
+        prox.probe(src, anchored, hint=True)
         return
     spend(core.offer_hinted(src, entries, rtts, max(0, budget.left)))
 
