@@ -17,7 +17,9 @@ Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 fail
   before the peer is declared DEAD and the owner's ``on_dead`` callback runs (MSPastry,
   Castro et al. 2003 §3.2: probe before declaring failure, so that message loss alone rarely
   evicts a live node). A probe of a mere hint (a candidate, or a peer another node accuses)
-  retransmits only ``hint_probe_retries`` times: most of those point at nodes long gone.
+  retransmits only ``hint_probe_retries`` times: most of those point at nodes long gone. A
+  message from the peer after a probe began ends the probe as answered at its next timeout
+  (its pong was lost; no retransmission, and never a verdict that message contradicts).
 * ``bad`` is the set of SUSPECTED ∪ DEAD handles; routing consults it on every hop, so it is kept
   as a set rather than derived.
 * The table is bounded by what the owner's routing state references, not by everyone it ever
@@ -246,7 +248,16 @@ class PeerTable:
 
 
 class _Probe:
-    __slots__ = ("attempt", "callbacks", "handle", "nonce", "retries", "sent_at", "timer")
+    __slots__ = (
+        "attempt",
+        "callbacks",
+        "handle",
+        "nonce",
+        "retries",
+        "sent_at",
+        "started",
+        "timer",
+    )
 
     def __init__(
         self, handle: NodeHandle, nonce: int, sent_at: float, timer: Timer, retries: int
@@ -254,6 +265,8 @@ class _Probe:
         self.handle = handle
         self.nonce = nonce
         self.sent_at = sent_at
+        #: when the first ping went (a message from the peer since then answers the probe)
+        self.started = sent_at
         self.attempt = 0
         #: retransmissions before DEAD: the largest any sharer of this probe asked for
         self.retries = retries
@@ -288,6 +301,8 @@ class Proximity:
         self._probes: dict[NodeHandle, _Probe] = {}
         self._by_nonce: dict[int, _Probe] = {}
         self.probes_sent = 0
+        #: probes ended by other traffic from the peer after a lost pong (no sample taken)
+        self.answered_by_traffic = 0
         #: pongs whose nonce was outstanding but came from another id (dropped)
         self.foreign_pongs = 0
         #: peers found unreferenced by forget_unreferenced, and since when (created on use)
@@ -488,6 +503,9 @@ class Proximity:
         self, h: NodeHandle, callback: ProbeCallback | None = None, hint: bool = False
     ) -> None:
         """Ping ``h``; ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is DEAD.
+        A probe whose ping or pong is lost ends as answered, without retransmission, if any
+        message from ``h`` arrived since it began; ``rtt_s`` is then ``h``'s smoothed RTT (or,
+        never sampled, the time since the probe began).
 
         At most one probe per peer is in flight; further callers share its outcome. ``hint``:
         ``h`` is a candidate or accused peer, not one we rely on — retransmit only
@@ -533,7 +551,22 @@ class Proximity:
         if pr is None:
             return
         r = self._peer(h)
-        st = self.peers.states
+        t = self.peers
+        st = t.states
+        if st[r] == _ALIVE and t.cols[r * _WIDTH + _LAST_HEARD] > pr.started:
+            # It spoke to us after the probe began (its pong was lost, or crossed a ping of its
+            # own): alive, so no retransmission and no verdict. A verdict given here would be
+            # one a message already contradicts — a cut-off node that came back and announced
+            # itself was declared dead by a probe started during the cut whose last pong was
+            # lost, and held out of a leaf set for minutes.
+            del self._by_nonce[nonce]
+            del self._probes[h]
+            self.answered_by_traffic += 1
+            srtt = t.cols[r * _WIDTH + _SRTT]
+            rtt = srtt if srtt == srtt else self.runtime.now() - pr.started
+            for cb in pr.callbacks:
+                cb(rtt)
+            return
         if st[r] != _DEAD and st[r] != _SUSPECTED:
             st[r] = _SUSPECTED
             self._bad_add(h)

@@ -96,6 +96,30 @@ def test_a_hint_probe_retransmits_less_unless_a_full_caller_shares_it() -> None:
     assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
 
 
+def test_a_peer_heard_from_after_its_probe_began_is_not_declared_dead() -> None:
+    """Its pong lost, the peer spoke to us (any message) before the probe timed out: the probe
+    ends as answered at that timeout, without a retransmission, and no DEAD verdict follows;
+    a message heard *before* the probe began proves nothing about the probe."""
+    rt, p, dead = make()
+    p.sample(PEER, 0.2)
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    assert len(rt.take_sent()) == 1  # the ping; its pong will be lost
+    rt.advance(0.1)
+    p.heard(PEER)  # e.g. a heartbeat that crossed the ping
+    rt.advance(60.0)
+    assert got == [pytest.approx(p.srtt(PEER))] and not dead
+    assert rt.take_sent() == [] and p.answered_by_traffic == 1
+    assert p.state(PEER) is Liveness.ALIVE
+
+    rt, p, dead = make()
+    p.heard(PEER)
+    p.sample(PEER, 0.2)
+    rt.advance(1.0)
+    p.probe(PEER)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
+
+
 def test_foreign_pong_ignored_and_config_validated() -> None:
     _, p, _ = make()
     p.on_pong(PEER, Pong(12345, 0.0))

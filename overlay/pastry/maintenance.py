@@ -436,7 +436,7 @@ class Maintenance:
         for idx, side, other in ((0, leaf.ccw, leaf.cw), (1, leaf.cw, leaf.ccw)):
             if len(side) >= leaf.half and not self._repair_due[idx]:
                 if self._repair_round[idx]:
-                    self._repair_done()
+                    self._repair_done(self._repair_round[idx])
                 self._repair_round[idx] = 0
                 self._repair_prev[idx] = None
                 continue
@@ -481,12 +481,17 @@ class Maintenance:
             core.stats["leaf_repairs"] += 1
             core.runtime.send(target, LeafSetRequest(0, insert_me=False))
 
-    def _repair_done(self) -> None:
-        """A repair episode ended: cross-check the leaf set against the routing table and
-        re-route a join for our own id, which reaches our true neighbours even when the
-        members we asked were as lost as we were (a partition cut the ring next to us)."""
+    def _repair_done(self, rounds: int) -> None:
+        """A repair episode of ``rounds`` requests ended: cross-check the leaf set against the
+        routing table and, after more than one round, re-route a join for our own id, which
+        reaches our true neighbours even when the members we asked were as lost as we were (a
+        partition cut the ring next to us). A side refilled by its first request (a lone
+        crash, the common case under churn) skips the join: every member of a crashed node's
+        leaf set re-routed one, ~0.025 msg/s/node at N = 2,000 with 30-min sessions."""
         core = self.core
         self.table_leaf_check()
+        if rounds < 2:
+            return
         ents = [h for h in core.table.entries() if h not in core.prox.bad]
         if ents:
             self._rejoin_via(core.runtime.rng.choice(ents))
