@@ -44,7 +44,9 @@ JOIN_STATS = (
     "row_pns_probes",
     "row_requests",
     "row_reply_unsolicited",
+    "row_reply_rtt_samples",
     "join_rows_unsolicited",
+    "join_retries",
 )
 
 
