@@ -407,6 +407,15 @@ class KbrCore(HopEngine, abc.ABC):
     def _peer_alive(self, h: NodeHandle) -> None:
         self._on_peer_alive(h)
         if self._pending and self.kbr_config.act_on_verdicts and not self.stopped:
+            # After the message that brought the news is handled, not before: when that
+            # message is the late ack of a hop that timed out, the message it acks went to
+            # ``h`` again first and the ack then matched the fresh copy — an RTT sample of 0 s
+            # (traced: h's RTO fell to 50 ms against a 0.5-s RTT, and a later lookup's probe
+            # declared the live root DEAD in 0.4 s, "root_suspected").
+            self.runtime.call_later(0.0, lambda: self._retry_through_alive(h))
+
+    def _retry_through_alive(self, h: NodeHandle) -> None:
+        if self._pending and not self.stopped and self.prox.state(h) is Liveness.ALIVE:
             self.retry_through(h)
 
     # ------------------------------------------------------------ KBR API (shared part)

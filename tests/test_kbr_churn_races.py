@@ -64,11 +64,13 @@ class _Wire:
         self.cores[i].known = [self.h(o) for o in others]
 
     def pump(self) -> None:
-        """Hand over every datagram until the network is quiet."""
+        """Hand over every datagram until the network is quiet; timers due now (a zero delay)
+        fire first, as in the simulator, before any time passes."""
         moved = True
         while moved:
             moved = False
             for i, rt in self.rts.items():
+                rt.advance(0.0)
                 for dst, msg in rt.take_sent():
                     moved = True
                     assert isinstance(dst, NodeHandle)
@@ -191,6 +193,39 @@ def test_a_hop_that_answered_is_not_avoided_when_the_closer_hop_fails_too() -> N
     w.advance(60.0)
     assert w.got == [(a, "k")]
     assert w.cores[x].stats["unexcluded_on_alive"] == 1
+
+
+def test_a_late_ack_is_no_rtt_sample_of_the_copy_it_brings_back() -> None:
+    # Traced (Pastry, N = 2000, 0 % loss, seed 3, 1 h): X's hop to R timed out (R's ack was
+    # still on its way) and X rerouted by B. The late ack, heard first, made R alive, which sent
+    # the lookup to R again at once; the ack was then matched to that fresh copy — an RTT sample
+    # of 0 s. R's RTO fell to 50 ms against a 0.5-s RTT, and minutes later a probe with that RTO
+    # declared the live R dead in 0.4 s and X delivered in its place ("root_suspected").
+    key = 1000
+    s, x, r, b = 100, 1010, 1001, 1005
+    w = _Wire([s, x, r, b], _PASTRY_LIKE, dead={b})
+    w.knows(s, x)
+    w.knows(x, r, b)
+    late: list[Message] = []
+
+    def hold(src: NodeHandle, dst: NodeHandle, m: Message) -> bool:
+        if src == w.h(r) and isinstance(m, RouteAck) and not late:
+            late.append(m)  # R's ack, delivered by hand after X's hop timed out
+            return True
+        return dst == w.h(r) and type(m).__name__ == "Ping"  # R's probe goes unanswered
+
+    w.drop = hold
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(1.2)  # X's hop to R timed out (initial RTO 1 s): the lookup waits on B now
+    core = w.cores[x]
+    assert late and core.stats["reroutes"] == 1
+    core.receive(w.h(r), late[0])
+    assert core.prox.rtt(w.h(r)) is None  # no sample from an ack that matched no send of it
+    w.pump()
+    w.advance(60.0)
+    assert w.got == [(r, "k")]
+    assert core.stats["reroutes_on_alive"] == 1
 
 
 def test_a_hop_declared_dead_releases_its_message_at_once() -> None:
