@@ -153,7 +153,11 @@ class KbrConfig:
     #: A hop with an alternative is not retransmitted: the message goes the other way at once.
     hop_retries: int = 7
     #: alternative next hops tried after suspicion before the message is dropped and counted.
-    max_reroutes: int = 6
+    #: Each reroute avoids one more suspected hop, so the routing state bounds them anyway; this
+    #: is a safety net. Ours: 16 (was 6) — traced in a 1-hour churn run (N = 2 000, 30-min
+    #: sessions): sources whose seven nearest entries towards a key had all crashed unseen
+    #: tried them in 0.4 s and dropped 5 of 70,889 lookups with live nodes left to try.
+    max_reroutes: int = 16
     #: remembered (origin, msg_id) pairs, for duplicate suppression and loop detection.
     dedupe_window: int = 1024
     #: safety net against routing loops (inconsistent state during churn): a message that has

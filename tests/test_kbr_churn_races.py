@@ -228,6 +228,22 @@ def test_a_late_ack_is_no_rtt_sample_of_the_copy_it_brings_back() -> None:
     assert core.stats["reroutes_on_alive"] == 1
 
 
+def test_a_source_whose_nearest_entries_all_crashed_still_reaches_the_root() -> None:
+    # Traced (Pastry, N = 2000, 0 % loss, seed 3, 1 h): a source's seven entries nearest the
+    # key had all crashed unseen; each timed out in turn and the sixth reroute was the last
+    # (``max_reroutes`` was 6), so the lookup was dropped with the live root still to try.
+    key = 1000
+    s, r = 100, 1100
+    dead = list(range(990, 1000))  # ten crashed entries, all closer to the key than the root
+    w = _Wire([s, r, *dead], _PASTRY_LIKE, dead=set(dead))
+    w.knows(s, *dead, r)
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    w.advance(120.0)
+    assert w.got == [(r, "k")]
+    assert w.cores[s].stats["route_dropped"] == 0
+
+
 def test_a_hop_declared_dead_releases_its_message_at_once() -> None:
     # Traced (Pastry, N = 2000, 1 % loss, seed 1): the root R got the lookup, but its leaf set
     # still held a crashed node D closer to the key: D was the only way on, so R retransmitted
