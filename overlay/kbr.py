@@ -153,11 +153,10 @@ class KbrConfig:
     #: A hop with an alternative is not retransmitted: the message goes the other way at once.
     hop_retries: int = 7
     #: alternative next hops tried after suspicion before the message is dropped and counted.
-    #: Each reroute avoids one more suspected hop, so the routing state bounds them anyway; this
-    #: is a safety net. Ours: 16 (was 6) — traced in a 1-hour churn run (N = 2 000, 30-min
-    #: sessions): sources whose seven nearest entries towards a key had all crashed unseen
-    #: tried them in 0.4 s and dropped 5 of 70,889 lookups with live nodes left to try.
-    max_reroutes: int = 16
+    #: Each reroute avoids one more suspected hop (and makes it a suspect whose probe may end in
+    #: a DEAD verdict: across a partition, every try is a verdict that only the peer itself, or
+    #: the overlay's partition healing, undoes). Pastry raises it (``PastryConfig``).
+    max_reroutes: int = 6
     #: remembered (origin, msg_id) pairs, for duplicate suppression and loop detection.
     dedupe_window: int = 1024
     #: safety net against routing loops (inconsistent state during churn): a message that has
@@ -270,6 +269,11 @@ class KbrCore(HopEngine, abc.ABC):
     # bound methods would cost about 600 bytes a node. Subclasses get their own copy.
     _class_handlers: ClassVar[dict[type[Message], Callable[..., None]]] = {}
 
+    #: handlers that are methods of a helper object the core holds in an attribute (Pastry's
+    #: ``joiner``, ``maint``, ``tables``): ``message class -> (attribute, function)``, once per
+    #: core class for the same reason (the bound methods and their dict cost ~1 KiB a node)
+    _class_delegates: ClassVar[dict[type[Message], tuple[str, Callable[..., None]]]] = {}
+
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         # Copy the parent's table and rebind each entry to this class's method of the same
@@ -279,18 +283,26 @@ class KbrCore(HopEngine, abc.ABC):
             own = getattr(cls, func.__name__, None)
             table[msg_cls] = own if callable(own) else func
         cls._class_handlers = table
+        cls._class_delegates = dict(cls._class_delegates)
 
     # ------------------------------------------------------------ driver-facing
     def add_handler(self, cls: type[Message], fn: Handler) -> None:
         """Register a receive handler for message class ``cls``.
 
-        A bound method of this core is stored once per core *class* (every instance registers
-        the same one); any other callable (a plugin's) is stored on this instance only.
+        A bound method of this core, or of an object held in one of its attributes, is stored
+        once per core *class* (every instance registers the same one); any other callable (a
+        plugin's) is stored on this instance only.
         """
         func = getattr(fn, "__func__", None)
-        if func is not None and getattr(fn, "__self__", None) is self:
+        owner = getattr(fn, "__self__", None)
+        if func is not None and owner is self:
             type(self)._class_handlers[cls] = func
             return
+        if func is not None and owner is not None:
+            attr = next((k for k, v in getattr(self, "__dict__", {}).items() if v is owner), None)
+            if attr is not None:
+                type(self)._class_delegates[cls] = (attr, func)
+                return
         if self._extra_handlers is None:
             self._extra_handlers = {}
         self._extra_handlers[cls] = fn
@@ -305,6 +317,11 @@ class KbrCore(HopEngine, abc.ABC):
             if f is not None:
                 self.prox.heard(src)
                 f(self, src, msg)
+                return
+            d = self._class_delegates.get(t)
+            if d is not None:
+                self.prox.heard(src)
+                d[1](getattr(self, d[0]), src, msg)
                 return
             extra = self._extra_handlers
             g = extra.get(t) if extra is not None else None

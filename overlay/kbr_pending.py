@@ -78,6 +78,10 @@ _MAX_HELD_UNREADY = 64
 #: last handled it, then the next hops it forwarded it to (oldest first); ``(DELIVERED,)``
 #: once delivered here.
 DELIVERED = -1
+#: the entries without next hops, made once and shared (tuples are immutable): an entry per
+#: routed message a node handled, so a fresh 1-tuple each would cost every node ~50 bytes a
+#: message for as long as it stays in the window
+_ONLY_HOPS = tuple((h,) for h in range(DELIVERED, 64))
 #: next hops remembered per message (a loop that outlasts this many exits reuses the last ones)
 _MAX_TRIED = 8
 
@@ -225,7 +229,8 @@ class HopEngine:
             seen = self._seen = OrderedDict()
         prev = seen.get(k)
         if prev is None:
-            seen[k] = (msg.hops,)
+            hops = msg.hops
+            seen[k] = _ONLY_HOPS[hops + 1] if DELIVERED <= hops < 64 else (hops,)
             if len(seen) > self.kbr_config.dedupe_window:
                 seen.popitem(last=False)
             return ()
@@ -245,7 +250,7 @@ class HopEngine:
         if prev is None:
             return  # aged out of the window meanwhile: nothing to add to
         if nh is None:
-            seen[k] = (DELIVERED,)
+            seen[k] = _ONLY_HOPS[0]  # (DELIVERED,)
         elif nh not in prev[1:]:
             tried = prev[1:] if len(prev) <= _MAX_TRIED else prev[2:]
             seen[k] = (prev[0], *tried, nh)

@@ -202,3 +202,21 @@ def test_keys_unused_for_two_periods_are_dropped() -> None:
     t[0] = 9.0  # two periods without use: forgotten, and derived again when needed
     assert b.open(a.seal_to(b, b"y")) == b"y"
     assert b.pair.derivations == 2 and b.pair.held() == 1
+
+
+def test_derived_keys_of_every_node_share_one_copy_of_a_peer_key() -> None:
+    # a peer key read from a datagram is a fresh object each time: the nodes' caches of derived
+    # keys hold the process's one copy instead (and still find it by value)
+    a, b = PairKeys(_key(11), public_bytes(_key(11))), PairKeys(_key(12), public_bytes(_key(12)))
+    peer = public_bytes(_key(13))
+    for node in (a, b):
+        fresh = bytes(bytearray(peer))  # as parsed from a frame
+        assert fresh is not peer
+        assert node._keys(fresh) is not None
+    ka, kb = next(iter(a._young)), next(iter(b._young))
+    assert ka is kb and ka == peer
+    # an entry carried from the old generation into the young one keeps that copy too
+    a._old, a._young = a._young, {}
+    derived = a.derivations
+    assert a._keys(bytes(bytearray(peer))) is not None and next(iter(a._young)) is ka
+    assert a.derivations == derived

@@ -22,6 +22,7 @@ from toy_overlay import ToyConfig, ToyCore
 from overlay import NodeHandle, NodeId
 from overlay.kbr import BaseApplication, KbrConfig, KbrCore, RouteAck, RouteMsg
 from overlay.messages import Message
+from overlay.pastry import PastryConfig
 from overlay.runtime import ManualRuntime
 from sim_adapter.bench import churn
 
@@ -128,7 +129,7 @@ def _once(pred: Callable[[NodeHandle, NodeHandle, Message], bool]) -> Drop:
     return drop
 
 
-_PASTRY_LIKE = ToyConfig(kbr=KbrConfig(hold_returning_copies=True))
+_PASTRY_LIKE = ToyConfig(kbr=PastryConfig().kbr)  # hold_returning_copies, max_reroutes 16
 _HOLD_JOINING = ToyConfig(kbr=KbrConfig(hold_returning_copies=True, hold_unready_s=2.0))
 _RING_LIKE = ToyConfig()
 

@@ -20,6 +20,7 @@ from overlay.errors import (
 from overlay.identity import Identity
 from overlay.ids import NodeId
 from overlay.live.node import Endpoint, Node, ProbeError
+from overlay.pastry import PastryConfig
 from overlay.testing import Swarm, open_swarm
 from transports import MemoryNetwork
 from transports.auth import Signer
@@ -56,6 +57,10 @@ async def test_swarm_joins_routes_and_probes(autojump_clock: trio.testing.MockCl
         for j in range(10):
             key = sw.random_key()
             assert (await sw.nodes[j].lookup(key)).id == sw.closest_live(key).id
+        # nodes given no config share one default (frozen) config object, equal to a new one
+        cores = [n.running_core for n in sw.nodes]
+        assert all(c is not None and c.config is cores[0].config for c in cores)  # type: ignore[union-attr]
+        assert cores[0].config == PastryConfig()  # type: ignore[union-attr]
 
 
 async def test_leave_and_crash_are_repaired(autojump_clock: trio.testing.MockClock) -> None:

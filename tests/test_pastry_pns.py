@@ -90,9 +90,12 @@ def test_join_built_tables_hold_the_best_candidate_of_almost_every_slot(joined: 
     # and in 90 % of row-1 slots (16 slots empty though a candidate existed). Now 94 % of
     # row-1 slots (96 % when announcements also push rows to probe: ~25 datagrams more per
     # join for no measured change in route stretch, so they are off by default).
+    # Over seeds 31-33 on this tree: row 0 best 0.895-0.937 with 3.4-9.3 ms of excess, row 1
+    # 0.941-0.954; the tree before the hint probes gave 0.890-0.921, 6.8-8.9 ms and
+    # 0.945-0.953. A run's course moves these by a few hundredths, so the bounds sit below it.
     q = _quality(joined)
     best0, excess0 = q[0]
-    assert best0 >= 0.9 and excess0 < 10.0
+    assert best0 >= 0.87 and excess0 < 12.0
     best1, _ = q[1]
     assert best1 >= 0.93
 
@@ -117,8 +120,11 @@ def test_joins_go_through_the_nearest_ready_node(joined: Network) -> None:
         nearest = min(lat.rtt_s(x.index, j) for j in range(x.index))
         hits += lat.rtt_s(x.index, int(entry.address)) <= nearest
         total += 1
-    # measured 268/298 = 0.899 at this revision (discovery probes in batches of 4)
-    assert hits / total >= 0.88
+    # measured 0.849-0.923 over seeds 31-34 (seed 31: 254/298); the tree before the hint
+    # probes gave 0.846-0.906 over seeds 31-33 — any change to a run's course moves one seed by
+    # ±0.02, so the bound sits below that spread (a random ready node is the nearest of i with
+    # probability 1/i: under 0.03 over these joins).
+    assert hits / total >= 0.83
 
 
 # ---------------------------------------------------------------------- hint rules (units)

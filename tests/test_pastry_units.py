@@ -116,6 +116,107 @@ def test_routing_table_slots_and_lazy_rows() -> None:
     assert t.remove(h) == (2, 9) and t.remove(h) is None and len(t) == 0
 
 
+def test_routing_table_membership_and_size_match_a_set_of_its_entries() -> None:
+    # membership is answered from the slot of the handle's id, the size from a count: both
+    # against a plain set of the entries, through puts, replacements, removals and row installs
+    rng = random.Random(7)
+    me = rng.getrandbits(160)
+    t = RoutingTable(me, 4)
+    ref: set[NodeHandle] = set()
+    seen: list[NodeHandle] = []
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.6:
+            h = _h(me ^ (rng.getrandbits(160) >> rng.randrange(0, 24)), rng.randrange(5))
+            slot = t.slot_of(h.id)
+            if slot is None:
+                continue
+            old = t.put(*slot, h)
+            ref.discard(old)  # type: ignore[arg-type]
+            ref.add(h)
+            seen.append(h)
+        elif r < 0.9 and seen:
+            h = rng.choice(seen)
+            assert (t.remove(h) is not None) == (h in ref)
+            ref.discard(h)
+        elif seen:
+            row = rng.randrange(6)
+            entries: list[NodeHandle | None] = [None] * 16
+            for h in t.row(row):
+                ref.discard(h)
+            if rng.random() < 0.7:
+                for c in rng.sample(range(16), rng.randrange(1, 5)):
+                    hid = ((me >> (160 - 4 * row)) << (160 - 4 * row)) ^ (
+                        (c ^ ((me >> (156 - 4 * row)) & 15)) << (156 - 4 * row)
+                    )
+                    hid |= rng.getrandbits(156 - 4 * row)
+                    h = _h(hid, step)
+                    if t.slot_of(h.id) == (row, c):
+                        entries[c] = h
+                        ref.add(h)
+                        seen.append(h)
+            t.install_row(row, entries)
+        assert len(t) == len(ref) == len(list(t.entries()))
+        for h in rng.sample(seen, min(8, len(seen))):
+            moved = _h(int(h.id), "elsewhere")  # same id, another address: not an entry
+            assert (h in t) == (h in t.members) == (h in ref)
+            assert (moved in t) == (moved in ref)
+    assert None not in t and "x" not in t and 5 not in t and _h(me, 0) not in t
+
+
+def test_leaf_set_agrees_with_its_definition_through_inserts_and_removes() -> None:
+    # only the extremes' distances are kept: sides, range, fit and the distance order are
+    # checked against the brute-force definitions after every change
+    rng = random.Random(11)
+    owner = _h(rng.getrandbits(160), 0)
+    o = int(owner.id)
+    half = 4
+    ls = LeafSet(owner, half)
+    pool = [_h(rng.getrandbits(160) if rng.random() < 0.8 else (o + rng.randrange(-50, 50)) % RING,
+               i + 1) for i in range(120)]  # fmt: skip
+    live: set[NodeHandle] = set()
+    for _ in range(1500):
+        h = rng.choice(pool)
+        if rng.random() < 0.65:
+            ls.insert(h)
+            if int(h.id) != o:
+                live.add(h)
+        else:
+            ls.remove(h)
+            live.discard(h)
+        cw_all = sorted(live, key=lambda x: (int(x.id) - o) % RING)
+        ccw_all = sorted(live, key=lambda x: (o - int(x.id)) % RING)
+        # what the leaf set may hold is the nearest ``half`` on each side of what it was offered
+        # and not removed since; it never holds anything else, and it keeps each side sorted
+        for side, dist in ((ls.cw, lambda x: (int(x.id) - o) % RING),
+                           (ls.ccw, lambda x: (o - int(x.id)) % RING)):  # fmt: skip
+            assert len(side) <= half and set(side) <= live
+            assert [dist(x) for x in side] == sorted(dist(x) for x in side)
+        assert set(ls.cw) <= set(cw_all) and set(ls.ccw) <= set(ccw_all)
+        cwd = [(int(x.id) - o) % RING for x in ls.cw]
+        ccwd = [(o - int(x.id)) % RING for x in ls.ccw]
+        for _k in range(20):
+            key = rng.choice((rng.getrandbits(160), (o + rng.randrange(-60, 60)) % RING))
+            d = (key - o) % RING
+            want_fit = d != 0 and (
+                len(cwd) < half or d < cwd[-1] or len(ccwd) < half or RING - d < ccwd[-1]
+            )
+            assert ls.fits(key) == want_fit
+            want_range = (
+                ls.covers_ring
+                or d == 0
+                or (bool(cwd) and d <= cwd[-1])
+                or (bool(ccwd) and RING - d <= ccwd[-1])
+            )
+            assert ls.in_range(key) == want_range
+        order = ls.ordered_by_distance()
+        side_d = {x: (int(x.id) - o) % RING for x in ls.cw}
+        for x in ls.ccw:
+            side_d[x] = min(side_d.get(x, RING), (o - int(x.id)) % RING)
+        assert sorted(order, key=lambda x: x.id) == sorted(set(ls.nodes()), key=lambda x: x.id)
+        assert [side_d[x] for x in order] == sorted(side_d[x] for x in order)
+
+
 # ---------------------------------------------------------------------- routing over an oracle ring
 def _oracle_ring(n: int, seed: int, cfg: PastryConfig | None = None) -> list[PastryCore]:
     rng = random.Random(seed)
@@ -507,3 +608,23 @@ def test_stop_silences_the_core() -> None:
     c.receive(net.cores[0].handle, Heartbeat(()))
     assert c.stats["dropped_malformed"] == 0
     assert net.sent - before < 40  # only the other node's probes of the silent one
+
+
+def test_helper_handlers_are_stored_per_class_and_dispatched_to_each_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pastry's join, maintenance and table handlers are methods of objects the core holds:
+    # stored once per core class as (attribute, function), each core's own object called
+    from overlay.pastry.maintenance import Maintenance
+
+    seen: list[tuple[object, NodeHandle]] = []
+    monkeypatch.setattr(Maintenance, "on_leaf_failed", lambda m, src, msg: seen.append((m, src)))
+    a = PastryCore(ManualRuntime(seed=1), _h(1 << 150, 1))
+    b = PastryCore(ManualRuntime(seed=2), _h(2 << 150, 2))
+    assert a._extra_handlers is None and b._extra_handlers is None
+    b.receive(a.handle, LeafFailed.__new__(LeafFailed))
+    a.receive(b.handle, LeafFailed.__new__(LeafFailed))
+    assert seen == [(b.maint, a.handle), (a.maint, b.handle)]
+    assert a.stats["dropped_unknown"] == b.stats["dropped_unknown"] == 0
+    monkeypatch.undo()
+    PastryCore(ManualRuntime(seed=3), _h(3 << 150, 3))  # registers the real handler again

@@ -51,3 +51,38 @@ def test_a_table_shrinks_without_new_sources_and_gives_back_its_dict() -> None:
     fresh = SourceLimiter(RateLimits(forget_idle=True))
     fresh.admit_frame(old, 100.0)
     assert lim._data.tolist() == fresh._data.tolist()
+
+
+def test_a_source_is_forgotten_as_soon_as_its_buckets_refill_and_no_decision_changes() -> None:
+    # every kind of bucket, owed for as long as its own refill takes (a frame: milliseconds; a
+    # burst of joins: seconds); oracle = the same limiter keeping every source
+    import overlay.kbr
+    import overlay.pastry.messages as pm
+    from overlay.proximity import Ping
+
+    msgs = {
+        "routed": overlay.kbr.RouteMsg.__new__(overlay.kbr.RouteMsg),
+        "probe": Ping(1, 0.0),
+        "join": pm.JoinRequest.__new__(pm.JoinRequest),
+        "other": object(),
+    }
+    rng = random.Random(9)
+    kw = {"join_per_s": 2.0, "join_burst": 3.0, "probe_per_s": 10.0, "probe_burst": 5.0}
+    keep = SourceLimiter(RateLimits(**kw, max_sources=10_000))  # type: ignore[arg-type]
+    forget = SourceLimiter(RateLimits(**kw, max_sources=10_000, forget_idle=True))  # type: ignore[arg-type]
+    now = 0.0
+    sizes = []
+    for _ in range(40_000):
+        now += rng.expovariate(2000.0) if rng.random() < 0.999 else rng.uniform(0.5, 3.0)
+        src = f"udp://10.0.{rng.randrange(4)}.{rng.randrange(250)}:1"
+        kind = rng.choice(("routed", "probe", "join", "other", "other"))
+        assert keep.admit_frame(src, now) == forget.admit_frame(src, now)
+        m = msgs[kind]
+        assert keep.admit_message(src, m, now) == forget.admit_message(src, m, now)
+        sizes.append(len(forget))
+    assert keep.counters == forget.counters
+    assert keep.dropped() > 0
+    # the sources still owed tokens, not every source of the last few seconds (forgetting
+    # after the slowest bucket's refill time alone kept ~640 of these 1,000 on average)
+    tail = sizes[1000:]
+    assert len(keep) > 900 and sum(tail) / len(tail) < len(keep) / 3

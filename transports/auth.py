@@ -83,6 +83,9 @@ class Opened:
 class Signer:
     """Seals outgoing envelopes with one key (or, with ``key=None``, leaves them unsigned)."""
 
+    # slots: one Signer, Verifier and Codec per live node (an instance dict is ~50 bytes more)
+    __slots__ = ("_clock", "_key", "_seq", "sender", "sender_hash")
+
     def __init__(
         self,
         key: Ed25519PrivateKey | None,
@@ -148,6 +151,11 @@ def public_key_entry(raw: bytes) -> tuple[Ed25519PublicKey, bytes, bytes] | None
 
 class Verifier:
     """Opens incoming envelopes: limits, signature, replay window. Never raises."""
+
+    __slots__ = (
+        "_clock", "_freq", "_freq_decay", "_window_us", "codec", "counters", "last_recent",
+        "own_id", "replay", "require_signatures",
+    )  # fmt: skip
 
     def __init__(
         self,

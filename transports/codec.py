@@ -209,6 +209,8 @@ class Codec:
     Counters: ``oversized``, ``malformed``, ``bad_version``, ``bad_envelope``.
     """
 
+    __slots__ = ("_kw", "counters", "limits")
+
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self.counters: Counter[str] = Counter()

@@ -67,9 +67,12 @@ _HEAD_LEN = _HEAD.size  # 66
 PAIR_OVERHEAD = _HEAD_LEN + TAGLEN
 _P = 2**255 - 19
 
-#: Ed25519 key -> its X25519 form (None: not convertible), process-wide; bytes, not key objects
-#: (an OpenSSL key object costs ~0.5 KiB), and the conversion costs ~10 µs (a modular inverse)
-_X: dict[bytes, bytes | None] = {}
+#: Ed25519 key -> (the process's one copy of that key, its X25519 form or None: not
+#: convertible), process-wide; bytes, not key objects (an OpenSSL key object costs ~0.5 KiB),
+#: and the conversion costs ~10 µs (a modular inverse). The copy is what every node's cache of
+#: derived keys is keyed by: a key read from a datagram is a fresh 80-byte object, which each
+#: node holding it would otherwise keep one of for the life of its cache entry.
+_X: dict[bytes, tuple[bytes, bytes | None]] = {}
 #: id (SHA-1 of the key) -> Ed25519 key, for ids some node of this process verified a frame of
 _BY_ID: dict[bytes, bytes] = {}
 _TABLE_MAX = 65536
@@ -107,16 +110,17 @@ def x25519_public_from_ed25519(ed: bytes) -> bytes | None:
     return u.to_bytes(32, "little")
 
 
-def _x_public(ed: bytes) -> bytes | None:
+def _x_public(ed: bytes) -> tuple[bytes, bytes | None]:
+    """``(the process's copy of ed, its X25519 form or None)``."""
     try:
         return _X[ed]
     except KeyError:
         pass
-    u = x25519_public_from_ed25519(ed)
+    e = (ed, x25519_public_from_ed25519(ed))
     if len(_X) >= _X_MAX:
         del _X[next(iter(_X))]
-    _X[ed] = u
-    return u
+    _X[ed] = e
+    return e
 
 
 def _x_private(key: Ed25519PrivateKey) -> X25519PrivateKey:
@@ -179,8 +183,12 @@ class PairKeys:
         if k is not None:
             return k
         k = self._old.pop(peer, None)
-        if k is None:
-            xp = _x_public(peer)
+        if k is not None:
+            e = _X.get(peer)
+            if e is not None:
+                peer = e[0]
+        else:
+            peer, xp = _x_public(peer)
             if xp is None:
                 return None
             try:

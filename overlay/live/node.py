@@ -84,7 +84,7 @@ from overlay.wire import Wire
 from transports.address import MAX_ADDRESS_LEN, AddressError, advertised_address, parse_address
 from transports.auth import Signer, Verifier
 from transports.base import Transport
-from transports.codec import Limits
+from transports.codec import DEFAULT_LIMITS, Limits
 from transports.pair import PairKeys
 from transports.session import DROP_COUNTERS, SessionConfig, Sessions
 
@@ -114,6 +114,11 @@ _OVERLAYS: dict[str, tuple[str, str]] = {
 }
 
 _SESSIONS = SessionConfig()
+#: the default config of each built-in overlay, as its first core without one made it, handed
+#: to the next such cores: a core given no config makes its own (Pastry's, with its KBR and
+#: proximity configs, is ~0.6 KiB), and every node of a process would hold an equal copy of
+#: the same frozen object
+_DEFAULT_CONFIGS: dict[str, Any] = {}
 #: the default limits of a live node: a source is forgotten once its buckets have refilled
 _RATE_LIMITS = RateLimits(forget_idle=True)
 
@@ -216,7 +221,9 @@ class Node(Sender):
             if signing
             else Signer(None, claimed_id=self.identity.id.to_bytes_be())
         )
-        lim = limits if limits is not None else Limits()
+        # the process's one default (frozen) instead of an equal copy per node: the decoder's
+        # cached keyword set is then found by identity on every datagram
+        lim = limits if limits is not None else DEFAULT_LIMITS
         self._verifier = Verifier(
             require_signatures=signing, limits=lim, own_id=self.identity.id.to_bytes_be()
         )
@@ -363,6 +370,14 @@ class Node(Sender):
     # ------------------------------------------------------------------ lifecycle
     def _make_core(self, runtime: TrioRuntime) -> KbrCore:
         factory = self._factory
+        # a built-in overlay's frozen default config, shared (see _DEFAULT_CONFIGS)
+        key = (
+            factory
+            if isinstance(factory, str)
+            and self.config is None
+            and "config" not in self._core_kwargs
+            else None
+        )
         if isinstance(factory, str):
             mod_name, cls_name = _OVERLAYS[factory]
             try:
@@ -374,9 +389,15 @@ class Node(Sender):
         args: list[Any] = [runtime, self.handle]
         if self.config is not None:
             args.append(self.config)
+        elif key is not None and key in _DEFAULT_CONFIGS:
+            args.append(_DEFAULT_CONFIGS[key])
         core = factory(*args, **self._core_kwargs)
         if not isinstance(core, KbrCore):
             raise ConfigError(f"overlay factory returned {type(core).__name__}, not a KbrCore")
+        if key is not None and key not in _DEFAULT_CONFIGS:
+            cfg = getattr(core, "config", None)
+            if cfg is not None:
+                _DEFAULT_CONFIGS[key] = cfg
         return core
 
     async def __aenter__(self) -> Node:

@@ -63,6 +63,10 @@ _KIND_OF: dict[tuple[str, str], str] = {
 }
 _OTHER = "other"
 _CACHE: dict[type, str] = {}
+#: counter keys, made once: a key built per message (``"admitted_" + kind``) is a new string
+#: that every node's counters then hold a copy of (~60 bytes a key a node)
+_ADMITTED = {k: "admitted_" + k for k in (*KINDS, _OTHER)}
+_DROPPED = {k: "dropped_" + k for k in KINDS}
 
 
 def classify(msg: object) -> str:
@@ -109,8 +113,9 @@ class RateLimits:
     #: False: count only (every bucket admits); for comparisons (``bench flood --no-limits``)
     enabled: bool = True
     #: forget a source once all its buckets have refilled (it is then exactly a new entry), so
-    #: that the table holds the last few seconds' sources instead of the last ``max_sources``.
-    #: Live nodes turn it on (``overlay.live.node``); off, the table is a plain LRU.
+    #: that the table holds only the sources still owed tokens (an honest peer's one datagram
+    #: is repaid in milliseconds) instead of the last ``max_sources``. Live nodes turn it on
+    #: (``overlay.live.node``); off, the table is a plain LRU.
     forget_idle: bool = False
 
     @max_sources.validator
@@ -121,21 +126,40 @@ class RateLimits:
 
 # slot layout of one source's entry: [last refill time, frame, routed, probe, join tokens]
 _SLOT = {"routed": 2, "probe": 3, "join": 4}
+#: the smallest table that a new source sweeps (below it a sweep would free next to nothing)
+_SWEEP_MIN = 8
+
+
+#: ``RateLimits -> (rates, bursts, sweep period)``: the tuples the buckets read, made once per
+#: set of limits and shared by the limiters using it (every live node of a process, usually)
+_DERIVED: dict[RateLimits, tuple[tuple[float, ...], tuple[float, ...], float]] = {}
+
+
+def _derived(lim: RateLimits) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    d = _DERIVED.get(lim)
+    if d is None:
+        rate = (0.0, lim.frames_per_s, lim.routed_per_s, lim.probe_per_s, lim.join_per_s)
+        burst = (0.0, lim.frames_burst, lim.routed_burst, lim.probe_burst, lim.join_burst)
+        # the slowest bucket's refill time, a quarter of it (see SourceLimiter._drop_idle)
+        sweep_s = max(b / r for b, r in zip(burst[1:], rate[1:], strict=True)) / 4
+        if len(_DERIVED) >= 64:  # limits made per test or per call: keep the table bounded
+            _DERIVED.clear()
+        d = _DERIVED[lim] = (rate, burst, sweep_s)
+    return d
 
 
 class SourceLimiter:
     """The buckets of every source a node hears from (one per node; not thread-safe)."""
 
     __slots__ = (
-        "_burst", "_data", "_free", "_idle_s", "_max", "_rate", "_sweep_at", "_table", "counters",
-        "limits",
+        "_burst", "_data", "_free", "_max", "_rate", "_sweep_at", "_sweep_len", "_sweep_s",
+        "_table", "counters", "limits",
     )  # fmt: skip
 
     def __init__(self, limits: RateLimits | None = None) -> None:
         lim = limits if limits is not None else RateLimits()
         self.limits = lim
-        self._rate = (0.0, lim.frames_per_s, lim.routed_per_s, lim.probe_per_s, lim.join_per_s)
-        self._burst = (0.0, lim.frames_burst, lim.routed_burst, lim.probe_burst, lim.join_burst)
+        self._rate, self._burst, self._sweep_s = _derived(lim)
         self._max = lim.max_sources
         #: address -> row of ``_data``; least recently heard first (a plain dict keeps
         #: insertion order: a look-up moves the source to the end by re-inserting it)
@@ -146,13 +170,16 @@ class SourceLimiter:
         #: it hears from.
         self._data = array("d")
         self._free: list[int] = []  # rows of evicted sources, reused first
-        #: a source silent this long has every bucket full again, exactly what a new entry
-        #: gets: its row carries no information and is dropped (tokens never go below 0 while
-        #: limits are enabled, so ``burst / rate`` refills any bucket; a margin for rounding)
-        refill = zip(self._burst[1:], self._rate[1:], strict=True)
-        self._idle_s = max(b / r for b, r in refill) * 1.01 + 1e-3
-        #: when the table is next swept for idle sources even if no new source came
+        #: a source whose buckets have all refilled is exactly what a new entry gets: its row
+        #: carries no information and is dropped. How long that takes depends on what it sent
+        #: (one frame: 2 ms at the defaults; a burst of joins: up to ``burst / rate``), so each
+        #: row is tested on its own; a sweep visits every row, and runs when the table has
+        #: doubled since the last one (O(1) amortised per new source) or ``_sweep_s`` after it
+        #: (so that a node that stopped meeting new peers still forgets the old ones): this is
+        #: when the table is next swept even if no new source came
         self._sweep_at = 0.0
+        #: the table size at which a new source triggers a sweep
+        self._sweep_len = _SWEEP_MIN
         #: ``frames`` (every datagram seen), ``dropped_<bucket>``, ``admitted_<kind>``,
         #: ``evicted`` (sources pushed out of the table)
         self.counters: Counter[str] = Counter()
@@ -163,15 +190,13 @@ class SourceLimiter:
 
     def _entry(self, src: str, now: float) -> int:
         """The offset in ``_data`` of ``src``'s row, its buckets refilled up to ``now``."""
-        if now >= self._sweep_at and self.limits.forget_idle:
-            # a node that stopped meeting new peers still forgets the old ones (the sweep stops
-            # at the first source heard recently: O(1) when there is nothing to forget)
-            self._sweep_at = now + self._idle_s
+        forget = self.limits.forget_idle
+        if forget and now >= self._sweep_at:
             self._drop_idle(now)
         table, d = self._table, self._data
         row = table.pop(src, None)
         if row is None:
-            if table and self.limits.forget_idle:
+            if forget and len(table) >= self._sweep_len:
                 self._drop_idle(now)
                 table, d = self._table, self._data
             if len(table) >= self._max:
@@ -201,29 +226,37 @@ class SourceLimiter:
         return o
 
     def _drop_idle(self, now: float) -> None:
-        """Forget the sources silent for ``_idle_s`` (least recently heard first), and shrink
-        the array when most of its rows are free: a node keeps rows only for the peers that
-        sent to it in the last few seconds, not for every peer of its join."""
+        """Forget every source whose buckets would all be full at ``now`` (the very test and
+        arithmetic of the refill in :meth:`_entry`, so a forgotten source is indistinguishable
+        from one kept), and shrink the array when most of its rows are free: a node keeps rows
+        only for the peers that sent to it lately, not for every peer of its join."""
+        self._sweep_at = now + self._sweep_s
         table, d = self._table, self._data
-        limit = now - self._idle_s
+        rate, burst = self._rate, self._burst
         stale = []
         for s, row in table.items():
-            if d[row * 5] > limit:
-                break
-            stale.append(s)
-        if not stale:
-            return
-        free = self._free
-        for s in stale:
-            free.append(table.pop(s))
-        if len(free) > 8 and len(free) * 2 > len(d) // 5:
-            nd = array("d")
-            for s, row in table.items():
-                table[s] = len(nd) // 5
-                nd.extend(d[row * 5 : row * 5 + 5])
-            self._data = nd
-            self._free = []
-            self._table = dict(table)  # a dict never shrinks in place; a copy is sized to fit
+            o = row * 5
+            dt = now - d[o]
+            if dt <= 0:
+                continue
+            for i in (1, 2, 3, 4):
+                if d[o + i] + dt * rate[i] < burst[i]:
+                    break
+            else:
+                stale.append(s)
+        if stale:
+            free = self._free
+            for s in stale:
+                free.append(table.pop(s))
+            if len(free) * 2 > len(d) // 5:
+                nd = array("d")
+                for s, row in table.items():
+                    table[s] = len(nd) // 5
+                    nd.extend(d[row * 5 : row * 5 + 5])
+                self._data = nd
+                self._free = []
+                self._table = dict(table)  # a dict never shrinks in place; a copy is sized to fit
+        self._sweep_len = max(_SWEEP_MIN, 2 * len(self._table))
 
     def admit_frame(self, src: str, now: float) -> bool:
         """Take a frame token from ``src`` (before the frame is opened); False: drop it."""
@@ -246,10 +279,10 @@ class SourceLimiter:
             o = self._entry(src, now) + slot
             d = self._data
             if d[o] < 1.0 and self.limits.enabled:
-                c["dropped_" + kind] += 1
+                c[_DROPPED[kind]] += 1
                 return False
             d[o] -= 1.0
-        c["admitted_" + kind] += 1
+        c[_ADMITTED[kind]] += 1
         return True
 
     def dropped(self) -> int:

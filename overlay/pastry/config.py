@@ -48,7 +48,11 @@ def _pastry_kbr() -> KbrConfig:
     # A copy of a lookup that comes back while our next hop is unacknowledged waits for that
     # hop (overlay/kbr.py): under loss it is a reroute's duplicate, and routing it on avoiding
     # the lossy hop delivered lookups in the closest node's place (bench churn, 1-5 % loss).
-    return KbrConfig(hold_returning_copies=True)
+    # 16 reroutes (the engine's default is 6): traced in a one-hour churn run (N = 2 000,
+    # 30-min sessions), sources whose seven nearest entries towards a key had all crashed
+    # unseen tried them in 0.4 s and dropped 5 of 70,889 lookups with the root alive. Pastry's
+    # partition handler and re-integration undo the verdicts more tries leave across a cut.
+    return KbrConfig(hold_returning_copies=True, max_reroutes=16)
 
 
 def _pastry_proximity() -> ProximityConfig:

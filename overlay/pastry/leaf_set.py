@@ -5,10 +5,12 @@ consists of l nodes with nodeIds that are numerically closest to the present nod
 l/2 larger and l/2 smaller"):
 
 * Two sides, each sorted by distance from the owner, nearest first: ``cw`` holds the nodes
-  *clockwise* (larger ids, walking up the ring), ``ccw`` the nodes counter-clockwise. A parallel
-  list of integer distances per side makes insertion a ``bisect`` and keeps every query
-  allocation-free. In a ring of fewer than L + 1 nodes a node may sit on both sides; the sides
-  then *overlap* and the leaf set covers the whole ring.
+  *clockwise* (larger ids, walking up the ring), ``ccw`` the nodes counter-clockwise. Only the
+  distance of each side's extreme is kept (what the range and fit tests read, so they stay
+  allocation-free); an insertion bisects the side on distances computed from the ids. A list of
+  160-bit distances per side would cost every node ~1 KB for what an insertion, far rarer than
+  a range test, recomputes in a few subtractions. In a ring of fewer than L + 1 nodes a node may
+  sit on both sides; the sides then *overlap* and the leaf set covers the whole ring.
 * **Range**: a key is in leaf-set range when it lies on the arc from the ccw extreme through the
   owner to the cw extreme (or anywhere, when the sides overlap). For such keys the node
   numerically closest among leaf set ∪ owner is responsible (ties: :func:`overlay.ids.closer`).
@@ -30,8 +32,8 @@ class LeafSet:
     """Both halves of the leaf set of the node ``owner`` (``half`` members per side)."""
 
     __slots__ = (
-        "_ccwd",
-        "_cwd",
+        "_ccwmax",
+        "_cwmax",
         "_nodes",
         "ccw",
         "covers_ring",
@@ -48,8 +50,9 @@ class LeafSet:
         self.half = half
         self.cw: list[NodeHandle] = []
         self.ccw: list[NodeHandle] = []
-        self._cwd: list[int] = []
-        self._ccwd: list[int] = []
+        #: distance from the owner of the farthest member of each side (0: the side is empty)
+        self._cwmax = 0
+        self._ccwmax = 0
         self.members: set[NodeHandle] = set()
         self.covers_ring = True
         self._nodes: tuple[NodeHandle, ...] = ()
@@ -70,10 +73,9 @@ class LeafSet:
         d = (node_id - self.oid) % RING
         if d == 0:
             return False
-        if len(self.cw) < self.half or d < self._cwd[-1]:
+        if len(self.cw) < self.half or d < self._cwmax:
             return True
-        e = RING - d
-        return len(self.ccw) < self.half or e < self._ccwd[-1]
+        return len(self.ccw) < self.half or RING - d < self._ccwmax
 
     def in_range(self, key: int) -> bool:
         """Is ``key`` on the arc ccw-extreme → owner → cw-extreme?
@@ -82,10 +84,9 @@ class LeafSet:
         """
         if self.covers_ring:
             return True
+        # an empty side's extreme is at distance 0, which no key other than ours is within
         d = (key - self.oid) % RING
-        if d == 0 or (self.cw and d <= self._cwd[-1]):
-            return True
-        return bool(self.ccw) and RING - d <= self._ccwd[-1]
+        return d == 0 or d <= self._cwmax or RING - d <= self._ccwmax
 
     def closest(
         self, key: int, bad: Collection[NodeHandle], exclude: Collection[NodeHandle] | None
@@ -101,7 +102,7 @@ class LeafSet:
         best: NodeHandle | None = None
         if self.covers_ring:
             sides: tuple[list[NodeHandle], ...] = (self.cw, self.ccw)
-        elif self.cw and d <= self._cwd[-1]:
+        elif d <= self._cwmax:
             sides = (self.cw,)
         else:
             sides = (self.ccw,)
@@ -144,7 +145,9 @@ class LeafSet:
         out: list[NodeHandle] = []
         seen: set[NodeHandle] = set()
         i = j = 0
-        cw, ccw, cwd, ccwd = self.cw, self.ccw, self._cwd, self._ccwd
+        cw, ccw, oid = self.cw, self.ccw, self.oid
+        cwd = [(h.id - oid) % RING for h in cw]
+        ccwd = [(oid - h.id) % RING for h in ccw]
         while i < len(cw) or j < len(ccw):
             if j >= len(ccw) or (i < len(cw) and cwd[i] <= ccwd[j]):
                 h = cw[i]
@@ -163,52 +166,56 @@ class LeafSet:
         d = (int(h.id) - self.oid) % RING
         if d == 0:
             return False
-        changed = self._insert_side(self.cw, self._cwd, h, d)
-        changed = self._insert_side(self.ccw, self._ccwd, h, RING - d) or changed
+        changed = self._insert_side(self.cw, self._cwmax, h, d, 1)
+        changed = self._insert_side(self.ccw, self._ccwmax, h, RING - d, -1) or changed
         if changed:
             self._refresh()
         return changed
 
-    def _insert_side(self, side: list[NodeHandle], dist: list[int], h: NodeHandle, d: int) -> bool:
+    def _insert_side(
+        self, side: list[NodeHandle], dmax: int, h: NodeHandle, d: int, sign: int
+    ) -> bool:
+        """Insert ``h`` at distance ``d`` into ``side`` (whose farthest member is at ``dmax``);
+        ``sign`` = +1 on the clockwise side, -1 on the other (distance = sign * (id - owner))."""
         half = self.half
-        if len(side) >= half and d >= dist[-1]:
+        if len(side) >= half and d >= dmax:
             return False
-        i = bisect_left(dist, d)
-        if i < len(dist) and dist[i] == d:
+        oid = self.oid
+        i = bisect_left(side, d, key=lambda m: (sign * (m.id - oid)) % RING)
+        if i < len(side) and side[i].id == h.id:
             if side[i] == h:
                 return False
             side[i] = h  # same id, new address: the node came back elsewhere
             return True
-        side.insert(i, h)
-        dist.insert(i, d)
-        if len(side) > half:
+        if len(side) >= half:
+            # the farthest goes first (``i < half`` here): a side never holds ``half + 1``
+            # entries, which would grow its list to twice the room it needs
             side.pop()
-            dist.pop()
+        side.insert(i, h)
         return True
 
     def remove(self, h: NodeHandle) -> bool:
         """Remove ``h`` from both sides; True if it was a member."""
         if h not in self.members:
             return False
-        for side, dist in ((self.cw, self._cwd), (self.ccw, self._ccwd)):
+        for side in (self.cw, self.ccw):
             for i, m in enumerate(side):
                 if m == h:
                     del side[i]
-                    del dist[i]
                     break
         self._refresh()
         return True
 
     def install(self, cw: list[NodeHandle], ccw: list[NodeHandle]) -> None:
         """Replace the whole state (oracle build); each side given nearest first."""
-        oid = self.oid
         self.cw = list(cw[: self.half])
         self.ccw = list(ccw[: self.half])
-        self._cwd = [(int(h.id) - oid) % RING for h in self.cw]
-        self._ccwd = [(oid - int(h.id)) % RING for h in self.ccw]
         self._refresh()
 
     def _refresh(self) -> None:
+        oid = self.oid
+        self._cwmax = (int(self.cw[-1].id) - oid) % RING if self.cw else 0
+        self._ccwmax = (oid - int(self.ccw[-1].id)) % RING if self.ccw else 0
         cw_set = set(self.cw)
         overlap = not cw_set.isdisjoint(self.ccw)
         self.members = cw_set.union(self.ccw)

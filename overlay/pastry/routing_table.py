@@ -9,6 +9,11 @@ nodes only about log_{2^b} N rows are populated, so rows are ``None`` until the 
 Which node fills a slot is decided by the core's proximity neighbour selection (PNS, Castro et
 al. 2002; docs/pastry.md: a candidate replaces an entry only if its measured minimum RTT is lower);
 this module only stores entries and answers structural questions quickly.
+
+Membership (``h in table``, also spelt ``h in table.members``) is answered from the slot ``h``'s
+id belongs to — an entry only ever sits in the slot of its id — instead of from a set of the
+entries: a set of a few dozen handles is a hash table of 64–128 slots, ~1–2 KiB on every node,
+to answer in ~40 ns what two integer operations and a list index answer in ~200 ns.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ Row = list[NodeHandle | None]
 class RoutingTable:
     """Prefix routing table of the node with id ``oid`` (``b`` bits per digit)."""
 
-    __slots__ = ("b", "cols", "mask", "members", "nrows", "oid", "rows")
+    __slots__ = ("_n", "b", "cols", "mask", "members", "nrows", "oid", "rows")
 
     def __init__(self, oid: int, b: int = 4) -> None:
         self.oid = int(oid)
@@ -33,7 +38,10 @@ class RoutingTable:
         self.mask = self.cols - 1
         self.nrows = ID_BITS // b
         self.rows: list[Row | None] = [None] * self.nrows
-        self.members: set[NodeHandle] = set()
+        self._n = 0  # filled entries
+        #: the entries as a container (``h in table.members``): the table itself, held in a
+        #: slot rather than returned by a property, which would cost a call on every hop
+        self.members: RoutingTable = self
 
     # ------------------------------------------------------------------ geometry
     def slot_of(self, node_id: int) -> tuple[int, int] | None:
@@ -85,10 +93,21 @@ class RoutingTable:
         return [i for i, r in enumerate(self.rows) if r is not None and any(r)]
 
     def __len__(self) -> int:
-        return len(self.members)
+        return self._n
 
     def __contains__(self, h: object) -> bool:
-        return h in self.members
+        # O(1): the one slot ``h`` can occupy (what ``slot_of`` computes, inlined: this runs on
+        # every routed hop, for its previous hop)
+        try:
+            nid = h.id  # type: ignore[attr-defined]
+            x = self.oid ^ nid
+        except (AttributeError, TypeError):  # not a handle
+            return False
+        if not x:
+            return False
+        row = (ID_BITS - x.bit_length()) // self.b
+        r = self.rows[row]
+        return r is not None and r[(nid >> (ID_BITS - (row + 1) * self.b)) & self.mask] == h
 
     # ------------------------------------------------------------------ updates
     def put(self, row: int, col: int, h: NodeHandle) -> NodeHandle | None:
@@ -98,15 +117,12 @@ class RoutingTable:
             r = self.rows[row] = [None] * self.cols
         old = r[col]
         r[col] = h
-        if old is not None:
-            self.members.discard(old)
-        self.members.add(h)
+        if old is None:
+            self._n += 1
         return old
 
     def remove(self, h: NodeHandle) -> tuple[int, int] | None:
         """Remove ``h`` if present; returns the (row, col) it occupied."""
-        if h not in self.members:
-            return None
         slot = self.slot_of(h.id)
         if slot is None:
             return None
@@ -115,18 +131,16 @@ class RoutingTable:
         if r is None or r[col] != h:
             return None
         r[col] = None
-        self.members.discard(h)
+        self._n -= 1
         return slot
 
     def install_row(self, row: int, entries: Row) -> None:
         """Replace a whole row (oracle build)."""
         old = self.rows[row]
         if old is not None:
-            for h in old:
-                if h is not None:
-                    self.members.discard(h)
+            self._n -= sum(h is not None for h in old)
         if not any(e is not None for e in entries):
             self.rows[row] = None
             return
         self.rows[row] = list(entries)
-        self.members.update(h for h in entries if h is not None)
+        self._n += sum(h is not None for h in entries)
