@@ -158,17 +158,24 @@ def test_the_other_copy_of_a_rerouted_hop_is_not_taken_for_a_loop(cfg: ToyConfig
     assert w.cores[x].stats["parallel_copies"] >= 1
 
 
+def _via_x_towards_r_or_dead_d() -> tuple[_Wire, int, int, int]:
+    """S (100) knows X (1010); X knows the root R (1001) of key 1000 and D (1005), crashed and
+    the next best. Returns the wire and S, X, R."""
+    s, x, r, d = 100, 1010, 1001, 1005
+    w = _Wire([s, x, r, d], _PASTRY_LIKE, dead={d})
+    w.knows(s, x)
+    w.knows(x, r, d)
+    return w, s, x, r
+
+
 def test_an_avoided_root_that_answers_its_probe_gets_the_message() -> None:
     # Traced (Pastry, N = 2000, 1 % loss, seed 1): X sent the lookup to the root R and the
     # datagram was lost. X suspected R and rerouted by the next-best node D, which had crashed
     # and was the only way on without R: X retransmitted to D with back-off for 18 s, and
     # when D's probe declared it dead, delivered the lookup itself — R still excluded, though
     # R had answered its probe within a second: "root_excluded".
+    w, s, x, r = _via_x_towards_r_or_dead_d()
     key = 1000
-    s, x, r, d = 100, 1010, 1001, 1005
-    w = _Wire([s, x, r, d], _PASTRY_LIKE, dead={d})
-    w.knows(s, x)
-    w.knows(x, r, d)
     w.drop = _once(lambda src, dst, m: isinstance(m, RouteMsg) and dst == w.h(r))
     w.cores[s].route(NodeId(key), "app", "k")
     w.pump()
@@ -198,15 +205,12 @@ def test_a_hop_that_answered_is_not_avoided_when_the_closer_hop_fails_too() -> N
 
 def test_a_late_ack_is_no_rtt_sample_of_the_copy_it_brings_back() -> None:
     # Traced (Pastry, N = 2000, 0 % loss, seed 3, 1 h): X's hop to R timed out (R's ack was
-    # still on its way) and X rerouted by B. The late ack, heard first, made R alive, which sent
+    # still on its way) and X rerouted by D. The late ack, heard first, made R alive, which sent
     # the lookup to R again at once; the ack was then matched to that fresh copy — an RTT sample
     # of 0 s. R's RTO fell to 50 ms against a 0.5-s RTT, and minutes later a probe with that RTO
     # declared the live R dead in 0.4 s and X delivered in its place ("root_suspected").
+    w, s, x, r = _via_x_towards_r_or_dead_d()
     key = 1000
-    s, x, r, b = 100, 1010, 1001, 1005
-    w = _Wire([s, x, r, b], _PASTRY_LIKE, dead={b})
-    w.knows(s, x)
-    w.knows(x, r, b)
     late: list[Message] = []
 
     def hold(src: NodeHandle, dst: NodeHandle, m: Message) -> bool:
@@ -218,7 +222,7 @@ def test_a_late_ack_is_no_rtt_sample_of_the_copy_it_brings_back() -> None:
     w.drop = hold
     w.cores[s].route(NodeId(key), "app", "k")
     w.pump()
-    w.advance(1.2)  # X's hop to R timed out (initial RTO 1 s): the lookup waits on B now
+    w.advance(1.2)  # X's hop to R timed out (initial RTO 1 s): the lookup waits on D now
     core = w.cores[x]
     assert late and core.stats["reroutes"] == 1
     core.receive(w.h(r), late[0])
