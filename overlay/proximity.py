@@ -30,7 +30,7 @@ Theory of operation (RFC 6298; FreePastry's minimum-RTT PNS; MSPastry §3.2 fail
   predecessor in the table for ever: 23 → 73 entries per node over 95 min while 30 were known.
 * Layout: a node holds state for tens of peers (63 per node in a 300-node live swarm, most of
   them PNS candidates measured during the join), so the table is columnar — a dict from handle
-  to row, the six numbers of every row in one flat ``array('d')`` and the liveness in a
+  to row, the five numbers of every row in one flat ``array('d')`` and the liveness in a
   ``bytearray`` (:class:`PeerTable`) — ~85 bytes a peer where an object per peer with boxed
   floats cost ~220. :class:`PeerState` is a read-only view of one row, made on access.
 """
@@ -112,8 +112,8 @@ class Pong(Message):
 
 
 #: the doubles of one peer's row, in this order; NaN stands for "no sample yet" (None)
-_SRTT, _RTTVAR, _RTO, _MIN_RTT, _LAST_HEARD, _DEAD_SINCE = range(6)
-_WIDTH = 6
+_SRTT, _RTTVAR, _MIN_RTT, _LAST_HEARD, _DEAD_SINCE = range(5)
+_WIDTH = 5
 #: liveness codes in the ``bytearray`` column (index into ``_STATES``)
 _UNKNOWN, _ALIVE, _SUSPECTED, _DEAD = range(4)
 _STATES = (Liveness.UNKNOWN, Liveness.ALIVE, Liveness.SUSPECTED, Liveness.DEAD)
@@ -148,7 +148,7 @@ class PeerState:
     @property
     def rto(self) -> float:
         """Retransmission timeout in seconds."""
-        return self._t.cols[self._o + _RTO]
+        return self._t.rto_of(self._r)
 
     @property
     def min_rtt(self) -> float | None:
@@ -173,19 +173,36 @@ class PeerState:
 
 class PeerTable:
     """Every peer a :class:`Proximity` holds state for: ``handle -> row``, and the rows in two
-    columns (``cols``: six doubles a row; ``states``: one liveness code a row). Read like a
+    columns (``cols``: five doubles a row; ``states``: one liveness code a row). Read like a
     mapping from handle to :class:`PeerState` (``get``, ``items``, ``in``, ``len``, iteration in
-    insertion order); only its :class:`Proximity` changes it."""
+    insertion order); only its :class:`Proximity` changes it. The RTO is not stored: it is a
+    function of SRTT and RTTVAR (RFC 6298 §2.3, clamped), 8 bytes a peer less."""
 
-    __slots__ = ("_free", "_init", "cols", "rows", "states")
+    __slots__ = ("_free", "_init", "_rto", "cols", "rows", "states")
 
-    def __init__(self, initial_rto_s: float) -> None:
+    def __init__(
+        self, initial_rto_s: float, min_rto_s: float = 0.0, max_rto_s: float = 1e9
+    ) -> None:
         #: handle -> row number, in insertion order
         self.rows: dict[NodeHandle, int] = {}
         self.cols = array("d")
         self.states = bytearray()
         self._free: list[int] = []
-        self._init = array("d", (_NAN, 0.0, initial_rto_s, _NAN, -1.0, -1.0))
+        self._init = array("d", (_NAN, 0.0, _NAN, -1.0, -1.0))
+        #: (initial, min, max) RTO in seconds
+        self._rto = (initial_rto_s, min_rto_s, max_rto_s)
+
+    def rto_of(self, row: int) -> float:
+        """The RTO of the peer in ``row``: the initial RTO before any sample, else
+        SRTT + 4 RTTVAR clamped to [min, max] (RFC 6298 §2.2-2.3)."""
+        o = row * _WIDTH
+        cols = self.cols
+        srtt = cols[o + _SRTT]
+        initial, lo, hi = self._rto
+        if srtt != srtt:
+            return initial
+        v = srtt + 4 * cols[o + _RTTVAR]
+        return hi if v > hi else (lo if v < lo else v)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -294,7 +311,7 @@ class Proximity:
         self._on_dead = on_dead
         self._on_alive = on_alive
         #: every peer we hold state for (a mapping handle -> :class:`PeerState` view)
-        self.peers = PeerTable(config.initial_rto_s)
+        self.peers = PeerTable(config.initial_rto_s, config.min_rto_s, config.max_rto_s)
         # ``bad`` is read on every routing hop; an empty frozenset shared by all nodes stands in
         # until the first suspicion (saves ~200 bytes a node at 10^6 simulated nodes).
         self.bad: AbstractSet[NodeHandle] = _NO_BAD
@@ -348,7 +365,7 @@ class Proximity:
     def rto(self, h: NodeHandle) -> float:
         """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
         r = self.peers.rows.get(h)
-        return self.peers.cols[r * _WIDTH + _RTO] if r is not None else self.config.initial_rto_s
+        return self.peers.rto_of(r) if r is not None else self.config.initial_rto_s
 
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
         """The liveness of every peer we hold state for."""
@@ -380,7 +397,6 @@ class Proximity:
             srtt = (1 - c.alpha) * srtt + c.alpha * rtt_s
         f[o + _SRTT] = srtt
         f[o + _RTTVAR] = rttvar
-        f[o + _RTO] = min(c.max_rto_s, max(c.min_rto_s, srtt + 4 * rttvar))
         m = f[o + _MIN_RTT]
         if m != m or rtt_s < m:
             f[o + _MIN_RTT] = rtt_s
