@@ -575,8 +575,7 @@ class Proximity:
             # one a message already contradicts — a cut-off node that came back and announced
             # itself was declared dead by a probe started during the cut whose last pong was
             # lost, and held out of a leaf set for minutes.
-            del self._by_nonce[nonce]
-            del self._probes[h]
+            self._close(pr)
             self.answered_by_traffic += 1
             srtt = t.cols[r * _WIDTH + _SRTT]
             rtt = srtt if srtt == srtt else self.runtime.now() - pr.started
@@ -589,11 +588,15 @@ class Proximity:
         if pr.attempt < pr.retries:
             self._send_probe(h, pr.attempt + 1, pr)
             return
-        del self._by_nonce[nonce]
-        del self._probes[h]
+        self._close(pr)
         self.declare_dead(h)
         for cb in pr.callbacks:
             cb(None)
+
+    def _close(self, pr: _Probe) -> None:
+        """Forget ``pr``, which has its outcome (the caller runs its callbacks)."""
+        del self._by_nonce[pr.nonce]
+        del self._probes[pr.handle]
 
     def on_ping(self, src: NodeHandle, msg: Ping) -> None:
         """Answer a probe with a pong."""
@@ -608,9 +611,8 @@ class Proximity:
             if pr is not None:
                 self.foreign_pongs += 1
             return  # late, or not from whom we asked
-        del self._by_nonce[msg.nonce]
         pr.timer.cancel()
-        del self._probes[pr.handle]
+        self._close(pr)
         rtt = self.runtime.now() - pr.sent_at
         self.sample(pr.handle, rtt)
         for cb in pr.callbacks:
