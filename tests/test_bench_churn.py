@@ -84,8 +84,9 @@ def test_bad_trace_line_names_file_and_line(tmp_path: Path) -> None:
         churn.run(args(trace=str(f)))
 
 
+@pytest.mark.parametrize("tries", [1, 3])
 def test_correct_fraction_is_checked_against_brute_force_and_every_cause_is_named(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tries: int
 ) -> None:
     """Re-derive every delivery's verdict by brute force over the active nodes at that moment
     (joined and alive, ring distance, ties to the smaller id), independently of the bench's
@@ -93,16 +94,16 @@ def test_correct_fraction_is_checked_against_brute_force_and_every_cause_is_name
     verdicts: list[bool] = []
     real = churn._ChurnRun.delivered
 
-    def delivered(self: Any, lid: int, at: Any) -> None:
+    def delivered(self: Any, lid: int, at: Any, k: int = 0) -> None:
         rec = self.recs.get(lid)
         if rec is not None and not rec.done and rec.window >= 0:
             key = int(rec.key)
             best = min(self.active, key=lambda n: (ring_distance(n.id, key), int(n.id)))
             verdicts.append(best is at)
-        real(self, lid, at)
+        real(self, lid, at, k)
 
     monkeypatch.setattr(churn._ChurnRun, "delivered", delivered)
-    r = churn.run(args(overlay="pastry", loss=0.01))
+    r = churn.run(args(overlay="pastry", loss=0.01, tries=tries))
     assert r["delivered"] == len(verdicts) > 100
     assert r["correct"] == sum(verdicts)
     assert r["incorrect"] == len(verdicts) - sum(verdicts)
@@ -138,3 +139,65 @@ def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> No
         )
     with pytest.raises(ConfigError):
         churn.run(args(overlay="smallworld", set=["heartbeat_left_only=false"]))
+
+
+def _lookup_through_a_crashing_holder(tries: int, key_seed: int) -> tuple[dict[str, int], bool]:
+    """One lookup on a settled 300-node ring whose second hop ``B`` finds its next hop ``C``
+    crashed unseen and then crashes itself while it waits for ``C``'s ack: the case the per-hop
+    acks cannot save (the previous hop already has ``B``'s ack). Returns the run's counters and
+    whether the crash happened (the lookup took at least three hops)."""
+    import random
+
+    from overlay.ids import NodeId
+    from sim_adapter.network import Network
+
+    net = Network(seed=5)
+    cr = churn._ChurnRun(args(tries=tries), net)
+    nodes = net.spawn(300, overlay="pastry", build="oracle")
+    for n in nodes:
+        cr.attach(n)
+        cr.activate(n)
+    net.run(30.0)
+    cr.measuring = True
+    src = nodes[0]
+    fired: list[bool] = []
+    real_forward = churn._Probe.forward
+
+    def forward(self: Any, k: NodeId, payload: Any, next_hop: Any) -> Any:
+        out = real_forward(self, k, payload, next_hop)
+        if not fired and self.node is not src:
+            fired.append(True)
+            c = net.node_by_id(int(next_hop.id))
+            # C is dead before the message reaches it; B dies 50 ms later, inside its RTO
+            cr.deactivate(c)
+            net.crash(c)
+            net.engine.push(net.now + 0.05, cr.depart, (self.node,))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(churn._Probe, "forward", forward)
+        cr.rng = random.Random(key_seed)  # the lookup's key
+        cr.active = [src]  # the one lookup leaves ``src``
+        cr.pos = {src.index: 0}
+        cr.launch()
+        cr.active = [n for n in nodes if n.alive]
+        cr.pos = {n.index: i for i, n in enumerate(cr.active)}
+        net.run(cr.args.lookup_timeout_s + 1.0)
+    return cr.c, bool(fired)
+
+
+def test_end_to_end_retry_recovers_a_lookup_whose_holder_crashed() -> None:
+    # the first key whose lookup from node 0 takes three hops or more
+    seed = next(s for s in range(40) if _lookup_through_a_crashing_holder(1, s)[1])
+    one_way, _ = _lookup_through_a_crashing_holder(1, seed)
+    assert one_way["launched"] == 1 and one_way["holder_crashed"] == 1  # lost, cause named
+    assert one_way["retries"] == 0
+    rr, fired = _lookup_through_a_crashing_holder(3, seed)
+    assert fired
+    assert rr["holder_crashed"] == 0 and rr["correct"] == 1  # the source's retry delivered it
+    assert rr["retries"] >= 1 and rr["recovered_by_retry"] == 1
+
+
+def test_bad_tries_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--tries"):
+        churn.run(args(tries=0))

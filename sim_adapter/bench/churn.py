@@ -21,6 +21,14 @@ built (oracle build by default, so the start is a settled ring), then churn runs
   last node that forwarded it died before the next hop acknowledged), or ``dropped`` (the
   holder is alive: retransmissions exhausted, hop limit, or loss). A delivery after the
   timeout is counted as ``late``; a second delivery as ``duplicate``.
+* **One-way or request/response.** By default a lookup is routed once and nothing comes back:
+  the one-way message MSPastry measured, whose per-hop acks cannot save a lookup whose holder
+  crashes. ``--tries K`` (K > 1) measures what a caller of ``overlay.Node.lookup`` gets instead:
+  the root answers the source with one direct datagram, and a source that has no answer after
+  ``--try-timeout-s`` routes the lookup again, up to K times in all (end-to-end retry,
+  Saltzer, Reed & Clark 1984). The first delivery is the one checked against the oracle; the
+  answers are lookup traffic, not control, and the report counts the retries and the lookups
+  they recovered. A lost lookup whose source died unanswered is ``source_crashed`` here.
 * **Tracing** (``--trace-lookups FILE``, off by default: it wraps the network's send): every
   RouteMsg and RouteAck of a measured lookup is logged (time, sender, receiver, hop count,
   whether the datagram was lost), with its delivery and the liveness verdicts of the nodes on
@@ -54,6 +62,11 @@ if TYPE_CHECKING:
 
 #: the application name the probes use on every node
 CHURN_APP = "bench.churn"
+#: a retry's payload is ``lid + k * _TRY_STRIDE`` for its try index ``k`` (0 = the first try,
+#: whose payload is the lookup id itself): one int, so the tracer follows every try
+_TRY_STRIDE = 1 << 40
+#: ``overlay.Node.lookup``'s schedule: three tries within its default 5-s timeout
+DEFAULT_TRY_TIMEOUT_S = 5.0 / 3
 #: MSPastry's lookup rate per node (Castro et al. 2004 §5.1): 0.01 lookups/s
 DEFAULT_LOOKUP_RATE = 0.01
 GOAL_CORRECT = 0.9999
@@ -65,7 +78,7 @@ _YOUNG_S = 10.0
 class _Rec:
     """One lookup in flight."""
 
-    __slots__ = ("done", "holder", "hops", "key", "src", "t0", "window")
+    __slots__ = ("answered", "done", "holder", "hops", "key", "src", "t0", "tries", "window")
 
     def __init__(self, key: NodeId, src: SimNode, t0: float, window: int) -> None:
         self.key = key
@@ -75,6 +88,8 @@ class _Rec:
         self.hops = 0
         self.holder: SimNode | None = None
         self.done = False
+        self.tries = 1
+        self.answered = False
 
 
 class _Probe(BaseApplication):
@@ -88,13 +103,20 @@ class _Probe(BaseApplication):
         self.node = node
 
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        """A lookup arrived here: check it against the brute-force oracle now."""
+        """A lookup arrived here: check it against the brute-force oracle now (and answer the
+        source, in request/response mode); or an answer came back to the source."""
         if type(payload) is int:
-            self.run.delivered(payload, self.node)
+            k, lid = divmod(payload, _TRY_STRIDE)
+            self.run.delivered(lid, self.node, k)
+            if self.run.args.tries > 1:
+                self.run.answers_in_window += 1
+                self.node.core.route(None, CHURN_APP, (lid,), hint=src)
+        elif type(payload) is tuple:
+            self.run.answered(payload[0])
 
     def forward(self, key: NodeId, payload: Any, next_hop: NodeHandle) -> NodeHandle | None:
         """One more hop, and this node holds the lookup until the next hop acknowledges."""
-        rec = self.run.recs.get(payload) if type(payload) is int else None
+        rec = self.run.recs.get(payload % _TRY_STRIDE) if type(payload) is int else None
         if rec is not None:
             rec.hops += 1
             rec.holder = self.node
@@ -117,6 +139,7 @@ class _ChurnRun:
         self.seq = 0
         self.measuring = False
         self.hops_in_window = 0
+        self.answers_in_window = 0
         self.c: dict[str, int] = dict.fromkeys(
             (
                 "launched",
@@ -125,6 +148,8 @@ class _ChurnRun:
                 "incorrect",
                 "late",
                 "duplicate",
+                "retries",
+                "recovered_by_retry",
                 "source_crashed",
                 "holder_crashed",
                 "dropped",
@@ -206,9 +231,29 @@ class _ChurnRun:
             self.c["launched"] += 1
             self.win["launched"] += 1
         self.net.engine.push(now + self.args.lookup_timeout_s, self.expire, (lid,))
+        if self.args.tries > 1:
+            self.net.engine.push(now + self.args.try_timeout_s, self.retry, (lid,))
         src.core.route(key, CHURN_APP, lid)
 
-    def delivered(self, lid: int, at: SimNode) -> None:
+    def retry(self, lid: int) -> None:
+        """No answer yet: the source routes the lookup again (a fresh message), as
+        ``overlay.Node.lookup`` does, until it has tried ``--tries`` times."""
+        rec = self.recs.get(lid)
+        if rec is None or rec.answered or not rec.src.alive:
+            return
+        k = rec.tries
+        rec.tries += 1
+        self.c["retries"] += rec.window >= 0
+        if rec.tries < self.args.tries:
+            self.net.engine.push(self.net.now + self.args.try_timeout_s, self.retry, (lid,))
+        rec.src.core.route(rec.key, CHURN_APP, lid + k * _TRY_STRIDE)
+
+    def answered(self, lid: int) -> None:
+        rec = self.recs.get(lid)
+        if rec is not None:
+            rec.answered = True
+
+    def delivered(self, lid: int, at: SimNode, k: int = 0) -> None:
         if self.tracer is not None:
             self.tracer.delivered(lid, at)
         rec = self.recs.get(lid)
@@ -224,6 +269,7 @@ class _ChurnRun:
             return
         net = self.net
         self.c["delivered"] += 1
+        self.c["recovered_by_retry"] += k > 0
         root = net.closest_live(int(rec.key))
         if at.id == root:
             self.c["correct"] += 1
@@ -270,7 +316,9 @@ class _ChurnRun:
             if self.tracer is not None:
                 self.tracer.close(lid)
             return
-        if rec.holder is None:
+        if rec.holder is None or (self.args.tries > 1 and not rec.src.alive):
+            # request/response: a source that died unanswered could not retry, whatever the
+            # last try's holder did
             cause = "source_crashed" if not rec.src.alive else "dropped"
         else:
             cause = "holder_crashed" if not rec.holder.alive else "dropped"
@@ -287,7 +335,7 @@ class _ChurnRun:
         dt = now - t_prev
         live = len(self.active)
         msgs = net.message_count - m_prev
-        control = msgs - 2 * self.hops_in_window
+        control = msgs - 2 * self.hops_in_window - self.answers_in_window
         self.windows.append(
             {
                 "t_min": bench.r(now / 60.0, 2),
@@ -300,6 +348,7 @@ class _ChurnRun:
             }
         )
         self.hops_in_window = 0
+        self.answers_in_window = 0
         self.win = {"launched": 0}
         return now, net.message_count
 
@@ -350,6 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.nodes < 2 or args.session_min <= 0 or args.hours <= 0 or args.lookup_rate < 0:
         raise ConfigError("need --nodes >= 2, --session-min > 0, --hours > 0, --lookup-rate >= 0")
+    if not 1 <= args.tries < 8 or args.try_timeout_s <= 0:
+        raise ConfigError("need 1 <= --tries < 8 and --try-timeout-s > 0")
     net = Network(seed=args.seed, latency=make_latency(args.latency, args.seed), loss=args.loss)
     cr = _ChurnRun(args, net)
     if getattr(args, "set", None):
@@ -407,6 +458,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         by_type0 = net.msg_by_type
         stats0 = _node_stats(net)
         cr.hops_in_window = 0
+        cr.answers_in_window = 0
         steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
         for k in range(steps):
             net.run(min(args.sample_s, t0 + end_s - net.now))
@@ -456,6 +508,8 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "warmup_min": args.warmup_min,
         "hours": args.hours,
         "lookup_rate_per_node_s": args.lookup_rate,
+        "tries": args.tries,
+        "try_timeout_s": bench.r(args.try_timeout_s, 3) if args.tries > 1 else None,
         "seed": args.seed,
         "active_mean": bench.r(bench.mean([w["active"] for w in cr.windows]), 1),
         **c,
@@ -537,6 +591,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--lookup-rate", type=float, default=DEFAULT_LOOKUP_RATE, help="lookups/s per node"
     )
     p.add_argument("--lookup-timeout-s", type=float, default=60.0)
+    p.add_argument(
+        "--tries",
+        type=int,
+        default=1,
+        help="1: one-way lookups (MSPastry); K > 1: the root answers and the source retries, "
+        "K tries in all (overlay.Node.lookup: 3)",
+    )
+    p.add_argument(
+        "--try-timeout-s",
+        type=float,
+        default=DEFAULT_TRY_TIMEOUT_S,
+        help="wait for an answer this long before the next try (default: Node.lookup's 5 s / 3)",
+    )
     p.add_argument("--sample-s", type=float, default=300.0, help="window of the time series")
     p.add_argument("--png", help="write the time series figure here")
     p.add_argument("--seed", type=int, default=1)

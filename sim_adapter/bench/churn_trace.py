@@ -20,6 +20,7 @@ from typing import Any
 from overlay.ids import ring_distance
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.messages import Message
+from sim_adapter.bench.churn import _TRY_STRIDE
 from sim_adapter.network import Network, SimNode
 
 __all__ = ["LookupTracer"]
@@ -110,7 +111,10 @@ class LookupTracer:
 
     def _route_lid(self, msg: RouteMsg) -> int | None:
         p = msg.payload
-        return p if type(p) is int and p in self.run.recs else None
+        if type(p) is not int:
+            return None
+        p %= _TRY_STRIDE
+        return p if p in self.run.recs else None
 
     def note(self, lid: int, *what: Any) -> None:
         """Add one engine event to lookup ``lid``'s log."""
@@ -121,8 +125,8 @@ class LookupTracer:
 
     def _lid(self, msg: Message) -> int | None:
         if type(msg) is RouteMsg:
-            p = msg.payload
-            if type(p) is int and p in self.run.recs:
+            p = self._route_lid(msg)
+            if p is not None:
                 self.mid_lid[msg.msg_id] = p
                 self.lid_mid[p] = msg.msg_id
                 return p
