@@ -78,6 +78,10 @@ class ProximityConfig:
     beta: float = 1 / 4  # RFC 6298 §2.3
     #: retransmissions of an unanswered probe before DEAD (MSPastry probes a few times).
     probe_retries: int = 3
+    #: each retransmission of a probe waits this many times longer than the one before
+    #: (RFC 6298 §5.5 doubles the RTO; 1.0 would probe at a fixed interval, as SWIM's
+    #: failure detector does)
+    probe_backoff: float = attrs.field(default=2.0, validator=attrs.validators.ge(1.0))
     #: retransmissions for a probe that checks a *hint* rather than a peer we rely on: a
     #: routing-table or leaf-set candidate, a nearby-node candidate, another node's failure
     #: report. Ours: a wrong verdict there costs one candidate (or, for a report, agrees with the
@@ -547,7 +551,7 @@ class Proximity:
         rt = self.runtime
         nonce = rt.rng.getrandbits(32)
         now = rt.now()
-        timeout = min(self.config.max_rto_s, self.rto(h) * (2**attempt))
+        timeout = min(self.config.max_rto_s, self.rto(h) * self.config.probe_backoff**attempt)
         timer = rt.call_later(timeout, lambda: self._probe_timeout(h, nonce))
         if old is None:
             pr = _Probe(h, nonce, now, timer, retries)

@@ -201,3 +201,20 @@ def test_end_to_end_retry_recovers_a_lookup_whose_holder_crashed() -> None:
 def test_bad_tries_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="--tries"):
         churn.run(args(tries=0))
+
+
+def test_set_reaches_nested_configs_and_names_bad_ones() -> None:
+    from sim_adapter.bench.pastry import _config
+
+    c = _config(["proximity.probe_backoff=1.0", "kbr.max_reroutes=4", "leaf_set_size=8"])
+    assert c.proximity.probe_backoff == 1.0 and c.kbr.max_reroutes == 4
+    assert c.leaf_set_size == 8
+    # the fields not named keep Pastry's own defaults, not the generic ones
+    assert c.proximity.probe_retries == 2
+    for bad, msg in (
+        ("nope.x=1", "no nested config 'nope'"),
+        ("proximity.nope=1", "nope"),
+        ("proximity.probe_backoff=0.5", "probe_backoff"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            _config([bad])

@@ -152,3 +152,19 @@ def test_a_pong_from_someone_else_leaves_the_probe_pending() -> None:
                 p.on_pong(other, Pong(m.nonce, m.sent_at))
         rt.advance(1.0)
     assert dead == [PEER] and got[-1] is None
+
+
+def test_probe_backoff_factor_spaces_the_retransmissions() -> None:
+    """``probe_backoff`` 1.0 probes at a fixed interval: DEAD after (1 + retries) RTOs, against
+    1 + 2 + 4 + 8 with the default doubling (the test above)."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    p = Proximity(rt, ME, ProximityConfig(probe_backoff=1.0), on_dead=dead.append)
+    p.probe(PEER)
+    rt.advance(3.99)
+    assert not dead and p.state(PEER) is Liveness.SUSPECTED
+    rt.advance(0.02)
+    assert dead == [PEER]
+    assert len([m for _, m in rt.take_sent() if isinstance(m, Ping)]) == 4
+    with pytest.raises(ValueError):
+        ProximityConfig(probe_backoff=0.9)

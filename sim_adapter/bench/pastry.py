@@ -218,24 +218,39 @@ def route_breakdown(net: Network, lat: Any, pairs: Sequence[tuple[Any, NodeId]])
 
 
 def _config(pairs: Sequence[str]) -> Any:
-    """A PastryConfig with ``field=value`` overrides (values parsed as JSON numbers/booleans)."""
+    """A PastryConfig with ``field=value`` overrides (values parsed as JSON numbers/booleans);
+    ``group.field=value`` overrides a field of a nested config (``kbr``, ``proximity``)."""
     import json
+
+    import attrs
 
     from overlay.errors import ConfigError
     from overlay.pastry import PastryConfig
 
     kw: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
     for p in pairs:
         name, sep, value = p.partition("=")
         if not sep:
             raise ConfigError(f"--set needs FIELD=VALUE, got {p!r}")
         try:
-            kw[name] = json.loads(value)
+            v = json.loads(value)
         except json.JSONDecodeError as e:
             raise ConfigError(f"--set {name}: not a JSON value: {value!r}") from e
+        group, dot, field = name.partition(".")
+        if dot:
+            nested.setdefault(group, {})[field] = v
+        else:
+            kw[name] = v
     try:
+        base = PastryConfig()
+        for group, fields in nested.items():
+            sub = getattr(base, group, None)
+            if sub is None or not attrs.has(type(sub)):
+                raise ConfigError(f"--set {group}.…: PastryConfig has no nested config {group!r}")
+            kw[group] = attrs.evolve(sub, **fields)
         return PastryConfig(**kw)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # unknown field; a validator's refusal
         raise ConfigError(f"--set: {e}") from e
 
 
