@@ -322,7 +322,8 @@ class Node(Sender):
                 row = row_fn(i)
             except Exception:
                 break
-            rows.append(tuple(h for h in row if h is not None))
+            # from a list: a generator's resized tuple parks on a freelist (overlay/wire.py)
+            rows.append(tuple([h for h in row if h is not None]))
         while rows and not rows[-1]:
             rows.pop()
         return tuple(rows)

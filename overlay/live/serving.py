@@ -161,7 +161,7 @@ class ControlServer:
         """This node's :class:`StatusReply` (what ``flockring status`` shows)."""
         stats = tuple(sorted((k, int(v)) for k, v in self.stats.items()))
         core = self._core
-        rows = tuple(len(r) for r in self.routing_table) if core is not None else ()
+        rows = tuple([len(r) for r in self.routing_table]) if core is not None else ()
         return StatusReply(
             nonce,
             self.handle,

@@ -370,7 +370,8 @@ class PastryCore(KbrCore):
         """Our measured minimum RTT to each of ``entries`` (-1 = never measured): the RTT hints
         sent along with routing candidates (see ``messages.py``)."""
         rtt = self.prox.rtt
-        return tuple(-1.0 if (r := rtt(h)) is None else r for h in entries)
+        # from a list, not a generator: a resized tuple parks on a freelist (overlay/wire.py)
+        return tuple([-1.0 if (r := rtt(h)) is None else r for h in entries])
 
     def offer_hinted(
         self,
