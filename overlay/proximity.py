@@ -272,6 +272,7 @@ class _Probe:
     __slots__ = (
         "attempt",
         "callbacks",
+        "earlier",
         "handle",
         "nonce",
         "retries",
@@ -293,6 +294,10 @@ class _Probe:
         self.retries = retries
         self.timer = timer
         self.callbacks: list[Callable[[float | None], None]] = []
+        #: (nonce, sent_at) of the attempts before this one: a pong to any of them answers
+        #: the probe (the peer is alive, only slower than our RTO) with an exact RTT sample,
+        #: since each attempt has its own nonce (no retransmission ambiguity, unlike Karn's)
+        self.earlier: tuple[tuple[int, float], ...] = ()
 
 
 ProbeCallback = Callable[[float | None], None]
@@ -442,7 +447,7 @@ class Proximity:
         pr = self._probes.pop(h, None)
         if pr is not None:
             pr.timer.cancel()
-            self._by_nonce.pop(pr.nonce, None)
+            self._drop_nonces(pr)
         t = self.peers
         r = t.rows.get(h)
         if r is not None and t.states[r] != _DEAD:
@@ -556,8 +561,8 @@ class Proximity:
         if old is None:
             pr = _Probe(h, nonce, now, timer, retries)
         else:
-            self._by_nonce.pop(old.nonce, None)
             pr = old
+            pr.earlier += ((pr.nonce, pr.sent_at),)
             pr.nonce, pr.sent_at, pr.timer = nonce, now, timer
         pr.attempt = attempt
         self._probes[h] = pr
@@ -568,7 +573,7 @@ class Proximity:
 
     def _probe_timeout(self, h: NodeHandle, nonce: int) -> None:
         pr = self._by_nonce.get(nonce)
-        if pr is None:
+        if pr is None or pr.nonce != nonce:
             return
         r = self._peer(h)
         t = self.peers
@@ -599,8 +604,14 @@ class Proximity:
 
     def _close(self, pr: _Probe) -> None:
         """Forget ``pr``, which has its outcome (the caller runs its callbacks)."""
-        del self._by_nonce[pr.nonce]
+        self._drop_nonces(pr)
         del self._probes[pr.handle]
+
+    def _drop_nonces(self, pr: _Probe) -> None:
+        by_nonce = self._by_nonce
+        del by_nonce[pr.nonce]
+        for n, _ in pr.earlier:
+            del by_nonce[n]
 
     def on_ping(self, src: NodeHandle, msg: Ping) -> None:
         """Answer a probe with a pong."""
@@ -617,7 +628,10 @@ class Proximity:
             return  # late, or not from whom we asked
         pr.timer.cancel()
         self._close(pr)
-        rtt = self.runtime.now() - pr.sent_at
+        sent_at = pr.sent_at
+        if msg.nonce != pr.nonce:  # an earlier attempt's pong: late, yet proof of life
+            sent_at = next(t for n, t in pr.earlier if n == msg.nonce)
+        rtt = self.runtime.now() - sent_at
         self.sample(pr.handle, rtt)
         for cb in pr.callbacks:
             cb(rtt)

@@ -206,8 +206,8 @@ def test_bad_tries_is_a_config_error() -> None:
 def test_set_reaches_nested_configs_and_names_bad_ones() -> None:
     from sim_adapter.bench.pastry import _config
 
-    c = _config(["proximity.probe_backoff=1.0", "kbr.max_reroutes=4", "leaf_set_size=8"])
-    assert c.proximity.probe_backoff == 1.0 and c.kbr.max_reroutes == 4
+    c = _config(["proximity.probe_backoff=1.5", "kbr.max_reroutes=4", "leaf_set_size=8"])
+    assert c.proximity.probe_backoff == 1.5 and c.kbr.max_reroutes == 4
     assert c.leaf_set_size == 8
     # the fields not named keep Pastry's own defaults, not the generic ones
     assert c.proximity.probe_retries == 2

@@ -168,3 +168,30 @@ def test_probe_backoff_factor_spaces_the_retransmissions() -> None:
     assert len([m for _, m in rt.take_sent() if isinstance(m, Ping)]) == 4
     with pytest.raises(ValueError):
         ProximityConfig(probe_backoff=0.9)
+
+
+def test_a_late_pong_to_an_earlier_attempt_answers_the_probe_with_its_own_rtt() -> None:
+    """A peer slower than our RTO is alive: the pong to the first ping, arriving after the
+    retransmission, ends the probe (no DEAD verdict at any backoff) and is sampled against
+    that ping's own send time."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    p = Proximity(rt, ME, ProximityConfig(probe_backoff=1.0), on_dead=dead.append)
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    first = next(m for _, m in rt.take_sent() if isinstance(m, Ping))
+    rt.advance(1.0001)  # first attempt timed out: SUSPECTED, a second ping went out
+    assert p.state(PEER) is Liveness.SUSPECTED
+    second = next(m for _, m in rt.take_sent() if isinstance(m, Ping))
+    assert second.nonce != first.nonce
+    rt.advance(0.1999)
+    p.on_pong(PEER, Pong(first.nonce, first.sent_at))  # 1.2 s after the first ping
+    assert got == [pytest.approx(1.2)]
+    assert p.state(PEER) is Liveness.ALIVE and not dead
+    assert p.rtt(PEER) == pytest.approx(1.2)
+    # the second attempt's pong, later still, is no longer outstanding
+    p.on_pong(PEER, Pong(second.nonce, second.sent_at))
+    assert got == [pytest.approx(1.2)]
+    rt.advance(30.0)
+    assert not dead
+    assert not p._by_nonce  # every attempt's nonce forgotten with the probe
