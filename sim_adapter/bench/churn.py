@@ -55,6 +55,7 @@ from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.kbr import BaseApplication
 from sim_adapter import bench
+from sim_adapter.bench.churn_trace import TRY_STRIDE as _TRY_STRIDE
 from sim_adapter.network import Network, SimNode
 
 if TYPE_CHECKING:
@@ -62,9 +63,6 @@ if TYPE_CHECKING:
 
 #: the application name the probes use on every node
 CHURN_APP = "bench.churn"
-#: a retry's payload is ``lid + k * _TRY_STRIDE`` for its try index ``k`` (0 = the first try,
-#: whose payload is the lookup id itself): one int, so the tracer follows every try
-_TRY_STRIDE = 1 << 40
 #: ``overlay.Node.lookup``'s schedule: three tries within its default 5-s timeout
 DEFAULT_TRY_TIMEOUT_S = 5.0 / 3
 #: MSPastry's lookup rate per node (Castro et al. 2004 §5.1): 0.01 lookups/s

@@ -20,8 +20,11 @@ from typing import Any
 from overlay.ids import ring_distance
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.messages import Message
-from sim_adapter.bench.churn import _TRY_STRIDE
 from sim_adapter.network import Network, SimNode
+
+#: a lookup's retry carries ``lid + k * TRY_STRIDE`` for its try index ``k`` (0 = the first
+#: try, whose payload is the lookup id itself): one int, so every try is traced as its lookup
+TRY_STRIDE = 1 << 40
 
 __all__ = ["LookupTracer"]
 
@@ -113,7 +116,7 @@ class LookupTracer:
         p = msg.payload
         if type(p) is not int:
             return None
-        p %= _TRY_STRIDE
+        p %= TRY_STRIDE
         return p if p in self.run.recs else None
 
     def note(self, lid: int, *what: Any) -> None:
