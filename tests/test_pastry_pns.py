@@ -18,12 +18,16 @@ import random
 import pytest
 
 from overlay import NodeHandle, NodeId
+from overlay.errors import ConfigError
 from overlay.handle import Address
 from overlay.ids import RING
 from overlay.pastry import PastryConfig, PastryCore, table_quality
 from overlay.pastry.messages import (
     JoinReply,
+    JoinRequest,
     JoinRows,
+    LeafSetReply,
+    LeafSetRequest,
     NearbyReply,
     NearbyRequest,
     RowReply,
@@ -244,6 +248,83 @@ def test_the_discovery_round_trip_measures_the_seed_and_prunes_its_leaf_set() ->
     assert core.prox.rtt(seed) == pytest.approx(0.020)
     assert [d for d, _ in _pings(rt)] == [near]
     assert core.stats["join_locate_pruned"] == 1
+
+
+@pytest.mark.parametrize("near_enough", [0.0, 0.001])
+def test_no_probe_to_beat_or_fill_with_a_node_near_enough(near_enough: float) -> None:
+    # Within ``pns_near_enough_s`` (1 ms, a LAN) a node is near enough: an occupant that near
+    # is not contested, by a hinted candidate or by an announce, and a candidate whose hints
+    # put it that near fills an empty slot without a probe. (0 = off: all three probed.)
+    rt = ManualRuntime(seed=1)
+    core = PastryCore(rt, _h(0x10 << 152, 0), PastryConfig(pns_near_enough_s=near_enough))
+    core.joiner.mark_ready()
+    via, occupant = _h(0x30 << 152, 1), _h(0x20 << 152, 2)
+    core.prox.sample(via, 0.0005)
+    core.prox.sample(occupant, 0.0008)
+    core.consider(occupant, probe=False)
+    # cand: at least |0.5 - 0.1| = 0.4 ms, may beat the 0.8-ms occupant; filler: slot (0, 4)
+    # is empty, and its hint puts it within 0.5 + 0.2 = 0.7 ms
+    cand, filler, newcomer = _h(0x21 << 152, 3), _h(0x40 << 152, 4), _h(0x22 << 152, 5)
+    core.offer_hinted(via, (cand, filler), (0.0001, 0.0002), budget=4)
+    core.receive(newcomer, TableAnnounce(0.0003))
+    probed = {d for d, _ in _pings(rt)}
+    assert probed == (set() if near_enough else {cand, filler, newcomer})
+    assert core.table.get(0, 4) == filler and core.table.get(0, 2) == occupant
+    with pytest.raises(ConfigError):
+        PastryConfig(pns_near_enough_s=-0.001)
+
+
+def test_a_discovery_ends_at_a_seed_near_enough() -> None:
+    # On a flat network (a LAN, loopback) the seed answers within ``pns_near_enough_s``: its
+    # leaf set is not probed, and the join goes through it at once.
+    rt = ManualRuntime(seed=1)
+    core = PastryCore(rt, _h(0x10 << 152, 0))
+    core.join([99], None)
+    ((_, req),) = rt.take_sent()
+    seed = _h(0x70 << 152, 99)
+    members = tuple(_h((0x71 + i) << 152, 7 + i) for i in range(4))
+    rt.advance(0.0004)
+    core.receive(seed, NearbyReply(req.nonce, -1, members, (0.0002,) * 4))  # type: ignore[attr-defined]
+    sent = rt.take_sent()
+    assert [(d, type(m)) for d, m in sent] == [(seed, JoinRequest)]
+    assert core.joiner.entry == seed and core.stats["join_locate_probes"] == 0
+
+
+def test_join_rows_spare_the_nodes_the_consistent_join_measures() -> None:
+    """Rows the hops send while the join is routed wait for the root's reply; a hop or a
+    candidate among the leaf-set members being asked gets no probe of its own — the member's
+    reply to the leaf-set request is the RTT sample (a tenth to a quarter of a join's PNS
+    probes went to such nodes)."""
+    rt = ManualRuntime(seed=1)
+    me = 0x10 << 152
+    core = PastryCore(rt, _h(me, 0), PastryConfig(join_locate_rounds=0))
+    core.join([99], None)
+    ((_, req),) = rt.take_sent()
+    nonce = req.nonce  # type: ignore[attr-defined]
+    hop1 = _h(0x50 << 152, 1)  # a hop far from us in the id space: not a leaf-set member
+    hop2, leafy, root = _h(me + 7, 2), _h(me + 5, 3), _h(me + 9, 4)  # leaf-set members
+    cand_a, cand_b = _h(0x30 << 152, 5), _h(0x70 << 152, 6)
+    core.receive(hop1, JoinRows(nonce, (cand_a, leafy), (0.010, 0.010)))
+    core.receive(hop2, JoinRows(nonce, (cand_b,), (0.010,)))
+    assert not rt.take_sent()  # held until the reply: no probe yet
+    core.receive(root, JoinReply(nonce, (hop2, leafy), (), ()))
+    sent = rt.take_sent()
+    asked = {d for d, m in sent if isinstance(m, LeafSetRequest)}
+    assert asked == {hop2, leafy, root}
+    pings = {d: m for d, m in sent if isinstance(m, Ping)}
+    assert set(pings) == {hop1}  # the one hop we do not ask is anchored by a probe
+    rt.advance(0.020)
+    core.receive(hop1, Pong(pings[hop1].nonce, pings[hop1].sent_at))
+    assert [d for d, _ in _pings(rt)] == [cand_a]  # leafy: measured by its reply instead
+    rt.advance(0.010)
+    core.receive(hop2, LeafSetReply(nonce, (leafy, root)))
+    assert core.prox.rtt(hop2) == pytest.approx(0.030)
+    assert [d for d, _ in _pings(rt)] == [cand_b]  # hop2's rows, anchored on that reply
+    for m in (leafy, root):
+        core.receive(m, LeafSetReply(nonce, (hop2, leafy, root)))
+    assert core.ready
+    assert core.table.get(0, 3) == cand_a and core.table.get(0, 7) == cand_b
+    assert leafy in core.table.members and core.prox.rtt(leafy) is not None
 
 
 @pytest.mark.parametrize("limit", [0, 1])

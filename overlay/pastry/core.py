@@ -381,6 +381,7 @@ class PastryCore(KbrCore):
         budget: int,
         via_rtt_hint: float | None = None,
         fill_unmeasured: bool = True,
+        spare: Collection[NodeHandle] = (),
     ) -> int:
         """Offer ``entries`` (received from ``via``, with ``via``'s RTT hints) to the routing
         table; start at most ``budget`` probes; return how many were started.
@@ -391,8 +392,11 @@ class PastryCore(KbrCore):
         ``[|a - h|, a + h]``. Candidates are taken most promising first (smallest upper bound),
         so an empty slot gets the likeliest-nearest one at once; an occupied slot is contested
         only by a candidate whose lower bound beats the occupant's measured RTT, and then only
-        after our own probe (``consider`` decides on measurements alone). Without
+        after our own probe (``consider`` decides on measurements alone); an occupant, or an
+        empty slot's candidate, within ``pns_near_enough_s`` costs no probe at all. Without
         ``fill_unmeasured`` (unsolicited candidates) an empty slot waits for the probe too.
+        Candidates in ``spare`` are never probed: their RTT is being measured already (the
+        consistent join's leaf-set requests), and :meth:`consider` runs when it comes.
         """
         prox = self.prox
         table = self.table
@@ -419,7 +423,8 @@ class PastryCore(KbrCore):
         scored.sort(key=lambda t: t[:4])
         probes = 0
         bad = prox.bad
-        for _, _hi, lo, _, h in scored:
+        near = self.config.pns_near_enough_s
+        for _, hi, lo, _, h in scored:
             slot = table.slot_of(h.id)
             if slot is None:
                 continue
@@ -431,11 +436,12 @@ class PastryCore(KbrCore):
             if e is None:
                 if rh is not None or fill_unmeasured:
                     table.put(row, col, h)
-                    if rh is None and probes < budget:
-                        # measured now, so later candidates can be compared
+                    if rh is None and probes < budget and hi > near and h not in spare:
+                        # measured now, so later candidates can be compared (not when its
+                        # hints put it near enough: none would contest it)
                         prox.probe(h, hint=True)
                         probes += 1
-                elif probes < budget:
+                elif probes < budget and h not in spare:
                     prox.probe(h, self._pns_cb(h), hint=True)
                     probes += 1
                 continue
@@ -448,13 +454,13 @@ class PastryCore(KbrCore):
                     table.put(row, col, h)
                     self.stats["pns_replacements"] += 1
                 continue
-            if probes >= budget or (re is not None and lo >= re):
-                continue  # out of budget, or it cannot beat the occupant
+            if probes >= budget or (re is not None and (lo >= re or re <= near)):
+                continue  # out of budget, it cannot beat the occupant, or no need to
             cb = self._pns_cb(h)
             if re is None:
                 prox.probe(e, cb)
                 probes += 1
-            if rh is None and probes < budget:
+            if rh is None and probes < budget and h not in spare:
                 prox.probe(h, cb, hint=True)
                 probes += 1
         if probes:

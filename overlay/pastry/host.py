@@ -12,7 +12,7 @@ host and the state modules below it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 from overlay.handle import Address, NodeHandle
@@ -115,6 +115,7 @@ class PastryHost(Protocol):
         budget: int,
         via_rtt_hint: float | None = None,
         fill_unmeasured: bool = True,
+        spare: Collection[NodeHandle] = (),
     ) -> int:
         """Offer candidates with RTT hints to the routing table (bounded, pruned probing)."""
 

@@ -36,7 +36,10 @@ discovery is never restarted from scratch.
    (:meth:`~overlay.pastry.core.PastryCore.offer_hinted`): a candidate for an empty slot is
    installed at once; one competing with an entry is compared on measured minimum RTTs, probing
    at most ``join_probe_budget`` unmeasured nodes per attempt, and only those whose lower bound
-   beats the entry (leaf-set members are measured by the consistent-join exchange itself).
+   beats the entry. Leaf-set members are measured by the consistent-join exchange itself (a
+   request and its reply are a round trip of X's own), so the rows the hops sent during
+   JOINING are held until the reply names the members, and then offered without probing the
+   members being asked; a hop among them is anchored on its reply rather than a probe.
 3. READY once every current leaf-set member has confirmed: X is then in all their leaf sets.
    X announces itself to its routing-table entries — its leaf-set members excepted, whom the
    consistent join's insert-me request told already, and in row 0 only the nearest few — and
@@ -69,6 +72,8 @@ from overlay.runtime import Timer
 from .host import PastryHost
 from .locate import NearbyLocator
 from .messages import (
+    Handles,
+    Hints,
     JoinPayload,
     JoinReply,
     JoinRequest,
@@ -161,6 +166,12 @@ class JoinProtocol:
         self._confirmed: set[NodeHandle] = set()
         self._merging = False
         self._budget = Budget(0, "join_pns_probes")  # PNS probes left in this attempt
+        #: rows the hops sent while our join was being routed: offered once the root's reply
+        #: tells which of their nodes the consistent join measures anyway (bounded)
+        self._held: list[tuple[NodeHandle, Handles, Hints]] = []
+        #: rows from unmeasured hops we are asking for their leaf set: offered when the
+        #: member's reply, an RTT sample, comes — in place of an anchoring probe
+        self._deferred: dict[NodeHandle, list[tuple[Handles, Hints]]] = {}
         #: nearby-node discovery (LOCATING)
         self.locator = NearbyLocator(core, self._located)
         #: the node our join was routed through (the nearest found)
@@ -265,8 +276,15 @@ class JoinProtocol:
         entries = check_handles(msg.entries)
         rtts = check_hints(msg.rtts, len(entries))
         if msg.nonce == self.nonce and self.state in _ROWS_WANTED:
-            # (a hop's rows may trail the root's reply)
-            offer_anchored(self.core, src, entries, rtts, self._budget)
+            if self.state is JoinState.JOINING and len(self._held) < self.core.table.nrows:
+                # Held until the root's reply: its leaf set names the hops and candidates whose
+                # RTT our leaf-set requests measure, which need no probe of their own (a tenth
+                # to a quarter of a join's PNS probes went to such a node, transit-stub). A hop
+                # sends its rows before it forwards the join, so holding them delays no probe
+                # by more than the rest of the route.
+                self._held.append((src, entries, rtts))
+                return
+            self._offer(src, entries, rtts)  # (a hop's rows may trail the root's reply)
             return
         walk = self.core.tables.walk(msg.nonce)
         if walk is not None:
@@ -294,19 +312,44 @@ class JoinProtocol:
                 self._arm(core.config.join_timeout_s * (2**self.attempt) * _PROBING_SLACK)
             cands = [h for h in leaves if h.id != core.id]
             cands.append(src)
-            offer_anchored(core, src, entries, rtts, self._budget)
-            for h in cands:  # measured by the consistent-join exchange: no PNS probe
-                core.consider(h, probe=False)
             for h in cands:
                 # a candidate we hold dead may be alive again (a false verdict under loss):
                 # the consistent-join ask settles it, and a timed-out ask removes it for good
                 core.add_leaf(h)
-            self.on_leaf_changed()
+            self.on_leaf_changed()  # the members are being asked from here on
+            held, self._held = self._held, []
+            held.append((src, entries, rtts))
+            for hop, ents, hints in held:  # in the order they came, the root's row last
+                self._offer(hop, ents, hints)
+            for h in cands:  # measured by the consistent-join exchange: no PNS probe
+                core.consider(h, probe=False)
             return
         if core.ready:  # a partition healer's probe came back: merge it as gossip
             core.stats["rejoin_replies"] += 1
             core.learn_alive(src)
             core.offer_leaves((*leaves, src), skip_dead=False)
+
+    def _offer(self, src: NodeHandle, entries: Handles, rtts: Hints) -> None:
+        """Bounded PNS for the rows a hop of our join's route sent (``offer_anchored``),
+        sparing what the consistent join measures anyway: while we ask the leaf set, a hop we
+        are asking waits for its reply — an RTT sample — instead of an anchoring probe, and
+        the candidates we are asking are not probed (``on_leafset_reply`` offers each to the
+        routing table once its RTT is known)."""
+        core = self.core
+        if self.state is not JoinState.PROBING:
+            offer_anchored(core, src, entries, rtts, self._budget)
+            return
+        if src in self._asked and core.prox.rtt(src) is None:
+            waiting = self._deferred.setdefault(src, [])
+            if len(waiting) < 2:  # a hop sends its rows and, the root, its reply: no more
+                waiting.append((entries, rtts))
+                return
+        offer_anchored(core, src, entries, rtts, self._budget, spare=self._asked)
+
+    def _offer_deferred(self, m: NodeHandle) -> None:
+        """Offer the rows that waited for ``m``'s leaf-set reply (or its death)."""
+        for entries, rtts in self._deferred.pop(m, ()):
+            self._offer(m, entries, rtts)
 
     def _ask(self, m: NodeHandle) -> None:
         ask = _Ask()
@@ -346,6 +389,7 @@ class JoinProtocol:
                 core.prox.sample(src, core.runtime.now() - ask.sent_at)
         self._confirmed.add(src)
         core.consider(src, probe=False)  # its RTT is known now: PNS without a probe
+        rows = self._deferred.pop(src, None)
         prox = core.prox
         self._merging = True
         try:
@@ -357,7 +401,9 @@ class JoinProtocol:
                     core.consider(c, probe=False)
         finally:
             self._merging = False
-        self.on_leaf_changed()
+        self.on_leaf_changed()  # (new members are asked: spared by the rows below)
+        for entries, rtts in rows or ():
+            self._offer(src, entries, rtts)  # anchored on this reply's RTT sample
         return True
 
     def on_leaf_changed(self) -> None:
@@ -380,6 +426,7 @@ class JoinProtocol:
             ask.timer.cancel()
         self._confirmed.discard(h)
         self.on_leaf_changed()
+        self._offer_deferred(h)  # its rows still name candidates (unbounded by its RTT)
 
     def _become_ready(self) -> None:
         core = self.core
@@ -389,8 +436,14 @@ class JoinProtocol:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        # rows still waiting for a reply (from a hop that left the leaf set before it
+        # answered) are offered as any others now: anchored by a probe
+        deferred = list(self._deferred.items())
         self._cancel_asks()
         self._confirmed.clear()
+        for hop, waiting in deferred:
+            for entries, rtts in waiting:
+                offer_anchored(core, hop, entries, rtts, self._budget)
         core.maint.on_ready()
         self._finish(True)
 
@@ -405,6 +458,8 @@ class JoinProtocol:
                 ask.timer.cancel()
         self._asked.clear()
         self._confirmed.clear()
+        self._held.clear()
+        self._deferred.clear()
 
     def stop(self) -> None:
         """Cancel the join timer, pending leaf-set requests and nearby-node discovery."""

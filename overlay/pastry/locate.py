@@ -21,8 +21,9 @@ find the nearest node or one close to it; the probes, a ping and a pong each, ar
 join's datagrams): at most ``join_locate_probes`` probes per round, at most
 ``join_locate_max_probes`` in the whole discovery, and the walk stops when
 ``join_locate_patience`` rounds in a row found no nearer node or ``join_locate_rounds`` requests
-were spent. Every RTT measured here seeds X's routing table, and the nearest nodes found hear
-of X once it is ready (``tables.py``).
+were spent, or as soon as it measured a node within ``pns_near_enough_s`` (1 ms: a LAN; on a
+flat network, loopback or a LAN, the seed itself). Every RTT measured here seeds X's routing
+table, and the nearest nodes found hear of X once it is ready (``tables.py``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ class NearbyLocator:
         core = self.core
         prox = core.prox
         a = self._a
+        near = core.config.pns_near_enough_s
         best = min(self._rtt.values(), default=math.inf)
         cands = self._cands
         batch = core.config.join_locate_batch
@@ -180,9 +182,9 @@ class NearbyLocator:
                 self._rtt[h] = rtt
                 best = min(best, rtt)
                 continue
-            if a is not None and hint >= 0.0 and abs(a - hint) >= best:
+            if best <= near or (a is not None and hint >= 0.0 and abs(a - hint) >= best):
                 core.stats["join_locate_pruned"] += 1
-                continue  # it cannot be nearer than the nearest found so far
+                continue  # near enough found already, or it cannot be nearer than that
             self._left -= 1
             self._total_left -= 1
             started += 1
@@ -230,9 +232,10 @@ class NearbyLocator:
         to the right region; row 0 holds the nearest of many, so it zooms in (FreePastry asks
         one row per request, deepest first; all rows in one request, with the hints pruning
         what is probed, take fewer round trips). It stops when ``join_locate_patience`` rounds
-        in a row found no nearer node, after ``join_locate_rounds`` requests, or when the
-        probe budget of the whole discovery is spent; a round that finds nothing nearer asks
-        the next nearest node not asked yet (a small beam against local minima).
+        in a row found no nearer node, after ``join_locate_rounds`` requests, when the probe
+        budget of the whole discovery is spent, or once the nearest node found is within
+        ``pns_near_enough_s``; a round that finds nothing nearer asks the next nearest node
+        not asked yet (a small beam against local minima).
         """
         if self._round != rnd or not self.active or self.core.stopped:
             return
@@ -252,6 +255,8 @@ class NearbyLocator:
         nxt = next((h for h in order if h not in self._done), None)
         if (
             nxt is not None
+            # a node near enough was found: no walk can do meaningfully better
+            and (best is None or self._rtt[best] > cfg.pns_near_enough_s)
             and self._round <= cfg.join_locate_rounds
             and self._stale < cfg.join_locate_patience
             and self._total_left > 0
