@@ -514,20 +514,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "datagrams_per_lookup": _ratio(ours.get("datagrams_per_lookup_mean"), kd),
             "datagrams_per_lookup_signed": _ratio(signed.get("datagrams_per_lookup_mean"), kd),
         }
-    result["targets"] = {
-        "bringup_faster_than_kademlia": (
-            ours.get("bringup_s", 1e9) < kad["bringup_s"] if kad.get("available") else None
-        ),
-        "rss_per_node_le_28KiB": (
-            ours.get("rss_per_node_KiB", 1e9) <= TARGET_RSS_KIB if ours else None
-        ),
-        "success_100pct": ours.get("lookup_success_rate") == 1.0 if ours else None,
-        "fewer_datagrams_per_lookup": (
-            (ours.get("datagrams_per_lookup_mean") or 1e9) < (kad.get("get_datagrams_mean") or 0)
-            if kad.get("available")
+    # the goals, for each mode measured: the signed one is what users run by default
+    kad_ok = bool(kad.get("available"))
+    targets: dict[str, bool | None] = {}
+    for mode, fig in (("", result.get("flockring_unsigned")), ("_signed", signed or None)):
+        if not fig:
+            continue
+        targets["bringup_faster_than_kademlia" + mode] = (
+            fig.get("bringup_s", 1e9) < kad["bringup_s"] if kad_ok else None
+        )
+        targets["rss_per_node_le_28KiB" + mode] = fig.get("rss_per_node_KiB", 1e9) <= TARGET_RSS_KIB
+        targets["rss_per_node_below_kademlia" + mode] = (
+            fig.get("rss_per_node_KiB", 1e9) < kad["rss_per_node_KiB"] if kad_ok else None
+        )
+        targets["success_100pct" + mode] = fig.get("lookup_success_rate") == 1.0
+        targets["fewer_datagrams_per_lookup" + mode] = (
+            (fig.get("datagrams_per_lookup_mean") or 1e9) < (kad.get("get_datagrams_mean") or 0)
+            if kad_ok
             else None
-        ),
-    }
+        )
+    result["targets"] = targets
     return result
 
 
