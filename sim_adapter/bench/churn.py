@@ -107,7 +107,8 @@ class _Probe(BaseApplication):
             k, lid = divmod(payload, _TRY_STRIDE)
             self.run.delivered(lid, self.node, k)
             if self.run.args.tries > 1:
-                self.run.answers_in_window += 1
+                # the answer is a datagram unless the source is its own root
+                self.run.answers_in_window += src != self.node.core.handle
                 self.node.core.route(None, CHURN_APP, (lid,), hint=src)
         elif type(payload) is tuple:
             self.run.answered(payload[0])
