@@ -67,8 +67,10 @@ def _pastry_proximity() -> ProximityConfig:
     # At a fixed interval, not doubling (ours, measured): a message whose next hop crashed waits
     # at its holder for the DEAD verdict when that hop was the key's root, and RTO + 2·RTO +
     # 4·RTO made those lookups the latency tail (p99 7–8 s under 30-min churn, N = 2,000).
-    # Three RTOs give the same verdicts under independent loss and halve the p99, at the same
-    # control traffic (docs/reliability.md, "Probe timing").
+    # With a right RTO, three RTOs give the same verdicts under independent loss and halve the
+    # p99, at the same control traffic; an RTO below the true RTT now ends in a false verdict
+    # where doubling would have waited (docs/reliability.md, "Probe timing", "What still falls
+    # short").
     return ProximityConfig(probe_retries=2, probe_backoff=1.0)
 
 
