@@ -331,6 +331,11 @@ class Proximity:
         self.answered_by_traffic = 0
         #: pongs whose nonce was outstanding but came from another id (dropped)
         self.foreign_pongs = 0
+        #: pings of probes that ended DEAD, for ``max_rto_s``: nonce -> (handle, sent_at,
+        #: expiry); created on use. A pong to one still corrects the RTT estimate.
+        self._failed: dict[int, tuple[NodeHandle, float, float]] | None = None
+        #: pongs that came after their probe had ended DEAD (each one an RTT sample)
+        self.pongs_after_verdict = 0
         #: peers found unreferenced by forget_unreferenced, and since when (created on use)
         self._unreferenced: dict[NodeHandle, float] | None = None
         #: peers forgotten because no table referenced them
@@ -522,6 +527,7 @@ class Proximity:
             pr.timer.cancel()
         self._probes.clear()
         self._by_nonce.clear()
+        self._failed = None
 
     # ------------------------------------------------------------------ probing
     def probe(
@@ -598,9 +604,26 @@ class Proximity:
             self._send_probe(h, pr.attempt + 1, pr)
             return
         self._close(pr)
+        self._remember_failed(pr)
         self.declare_dead(h)
         for cb in pr.callbacks:
             cb(None)
+
+    def _remember_failed(self, pr: _Probe) -> None:
+        """Keep the pings of a probe that ended DEAD for ``max_rto_s``: a pong that comes after
+        the verdict is the only sample that can correct an RTO below the peer's true RTT.
+        Without it such an RTO never recovers (every exchange with the peer is retransmitted,
+        so Karn's rule samples none) and each probe ends in the same false verdict, as one
+        leaf-set neighbour did four times in 100 s under churn (docs/reliability.md)."""
+        failed = self._failed
+        if failed is None:
+            failed = self._failed = {}
+        now = self.runtime.now()
+        for n in [n for n, (_, _, exp) in failed.items() if exp < now]:
+            del failed[n]
+        exp = now + self.config.max_rto_s
+        for n, sent_at in (*pr.earlier, (pr.nonce, pr.sent_at)):
+            failed[n] = (pr.handle, sent_at, exp)
 
     def _close(self, pr: _Probe) -> None:
         """Forget ``pr``, which has its outcome (the caller runs its callbacks)."""
@@ -622,6 +645,13 @@ class Proximity:
         we probed (live: the id proven by the sender's key). Anything else is counted in
         ``foreign_pongs`` and leaves the probe pending, so its timeout still runs."""
         pr = self._by_nonce.get(msg.nonce)
+        if pr is None and self._failed:
+            late = self._failed.get(msg.nonce)
+            if late is not None and late[0].id == src.id and self.runtime.now() <= late[2]:
+                del self._failed[msg.nonce]
+                self.pongs_after_verdict += 1
+                self.sample(late[0], self.runtime.now() - late[1])  # revives it, as any message
+            return
         if pr is None or pr.handle.id != src.id:
             if pr is not None:
                 self.foreign_pongs += 1

@@ -195,3 +195,27 @@ def test_a_late_pong_to_an_earlier_attempt_answers_the_probe_with_its_own_rtt() 
     rt.advance(30.0)
     assert not dead
     assert not p._by_nonce  # every attempt's nonce forgotten with the probe
+
+
+def test_a_pong_after_the_dead_verdict_corrects_the_rtt_estimate() -> None:
+    """An RTO below the peer's true RTT: the probe ends DEAD before the first pong is back.
+    That pong, arriving after the verdict, is sampled (and revives the peer), so the next
+    probe waits long enough; a pong after ``max_rto_s`` or from another id is ignored."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    p = Proximity(rt, ME, ProximityConfig(probe_backoff=1.0, probe_retries=2), dead.append)
+    p.sample(PEER, 0.03)  # a wrong, far too short sample: RTO 0.15 s against a true RTT of 0.5
+    p.probe(PEER)
+    first = next(m for _, m in rt.take_sent() if isinstance(m, Ping))
+    rt.advance(0.46)  # three pings at ~0.15 s intervals, none answered in time
+    assert dead == [PEER] and p.state(PEER) is Liveness.DEAD
+    rt.advance(0.04)
+    other = NodeHandle(NodeId(99), 99)
+    p.on_pong(other, Pong(first.nonce, first.sent_at))  # not from whom we asked: ignored
+    assert p.state(PEER) is Liveness.DEAD and p.pongs_after_verdict == 0
+    p.on_pong(PEER, Pong(first.nonce, first.sent_at))  # 0.5 s after it was sent
+    assert p.state(PEER) is Liveness.ALIVE and p.pongs_after_verdict == 1
+    assert p.rto(PEER) > 0.5  # the next probe waits for a pong 0.5 s away
+    # a second pong to the same ping is no new sample
+    p.on_pong(PEER, Pong(first.nonce, first.sent_at))
+    assert p.pongs_after_verdict == 1
