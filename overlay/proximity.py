@@ -631,10 +631,11 @@ class Proximity:
         del self._probes[pr.handle]
 
     def _drop_nonces(self, pr: _Probe) -> None:
+        # a 32-bit nonce drawn again by a later probe may map to that one now: leave it there
         by_nonce = self._by_nonce
-        del by_nonce[pr.nonce]
-        for n, _ in pr.earlier:
-            del by_nonce[n]
+        for n in (pr.nonce, *(n for n, _ in pr.earlier)):
+            if by_nonce.get(n) is pr:
+                del by_nonce[n]
 
     def on_ping(self, src: NodeHandle, msg: Ping) -> None:
         """Answer a probe with a pong."""
