@@ -633,7 +633,9 @@ class Proximity:
     def _drop_nonces(self, pr: _Probe) -> None:
         # a 32-bit nonce drawn again by a later probe may map to that one now: leave it there
         by_nonce = self._by_nonce
-        for n in (pr.nonce, *(n for n, _ in pr.earlier)):
+        if by_nonce.get(pr.nonce) is pr:
+            del by_nonce[pr.nonce]
+        for n, _ in pr.earlier:
             if by_nonce.get(n) is pr:
                 del by_nonce[n]
 

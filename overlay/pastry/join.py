@@ -437,13 +437,10 @@ class JoinProtocol:
             self._timer.cancel()
             self._timer = None
         # rows still waiting for a reply (from a hop that left the leaf set before it
-        # answered) are offered as any others now: anchored by a probe
-        deferred = list(self._deferred.items())
+        # answered) are offered as any others now (READY: anchored by a probe)
+        for hop in list(self._deferred):
+            self._offer_deferred(hop)
         self._cancel_asks()
-        self._confirmed.clear()
-        for hop, waiting in deferred:
-            for entries, rtts in waiting:
-                offer_anchored(core, hop, entries, rtts, self._budget)
         core.maint.on_ready()
         self._finish(True)
 
