@@ -561,6 +561,7 @@ class KbrCore(HopEngine, abc.ABC):
             self.stats["delivered"] += 1
             app.deliver(msg.key, msg.payload, msg.origin)
             return
+        resent = self._tried(msg, nh2)
         self._record(msg, nh2)
         out = RouteMsg(msg.key, msg.app, msg.payload, msg.origin, msg.msg_id, msg.hops + 1)
         self.stats["forwarded"] += 1
@@ -569,6 +570,7 @@ class KbrCore(HopEngine, abc.ABC):
             return
         hop = Hop(out, nh2, exclude, prev)
         hop.reroutes = reroutes
+        hop.resent = resent
         old = self._pending.pop(out.msg_id, None)
         if old is not None and old.timer is not None:
             old.timer.cancel()

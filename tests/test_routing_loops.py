@@ -24,6 +24,7 @@ from toy_overlay import ToyConfig, ToyCore
 from overlay import NodeHandle, NodeId
 from overlay.ids import ring_distance
 from overlay.kbr import BaseApplication, KbrConfig, RouteAck, RouteMsg
+from overlay.proximity import Ping, Pong
 from overlay.runtime import ManualRuntime
 from sim_adapter.latency import Uniform
 from sim_adapter.network import Network, SimNode
@@ -335,3 +336,27 @@ def test_a_measured_hop_times_out_after_a_few_round_trips_not_the_rfc_rto() -> N
     f = core.kbr_config.hop_timeout_srtt_factor
     rt.advance(f * 0.1 + core.prox.config.min_rto_s + 0.001)  # 0.2 s < 0.3 s
     assert [d for d, m in rt.take_sent() if isinstance(m, RouteMsg)] == [nearer]
+
+
+def test_an_ack_after_the_message_went_back_to_the_same_hop_is_no_rtt_sample() -> None:
+    # Traced in `bench churn` at 5 % loss: a message rerouted away from a silent hop went back
+    # to it once its probe answered, and the hop's late ack of the *first* transmission was
+    # taken as the RTT of the second (0.02-0.07 s for peers 0.3-0.5 s away). Acks name only the
+    # message, so an ack from a hop that had the message before is ambiguous (Karn's rule).
+    rt, core, _app, (near, _nearer) = _lone([1500, 1200])
+    core.ready = True
+    core.route(NodeId(1600), "app", "m")
+    ((_, out),) = _forwards(rt)
+    rt.advance(1.01)  # near is silent: rerouted to 1200, near probed
+    (ping,) = [m for _, m in rt.take_sent() if isinstance(m, Ping)]
+    rt.advance(0.49)
+    core.receive(near, Pong(ping.nonce, ping.sent_at))  # near is alive: an RTT of 0.5 s
+    rt.advance(0.0)
+    assert core.stats["reroutes_on_alive"] == 1  # the message went back to near
+    assert core.prox.srtt(near) == pytest.approx(0.5)
+    rt.advance(0.02)
+    core.receive(near, RouteAck(out.msg_id))  # near's ack of the first transmission, late
+    assert core.prox.srtt(near) == pytest.approx(0.5)  # not a 0.02 s sample
+    assert core.stats["reroutes"] == 1  # and it still counts as the hop's ack: no timeout
+    rt.advance(5.0)
+    assert core.stats["reroutes"] == 1
