@@ -14,6 +14,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from transports import pair as pair_module
+from transports import replay
 from transports.auth import Signer, Verifier, key_hash, public_bytes
 from transports.pair import (
     PAIR,
@@ -148,7 +150,14 @@ def test_known_keys_are_learned_only_from_verified_frames() -> None:
     assert known_key(a.id) == a.pub
 
 
-def test_replay_decisions_match_a_brute_force_set() -> None:
+@pytest.mark.parametrize("sorted_max", [None, 0, 16])
+def test_replay_decisions_match_a_brute_force_set(
+    sorted_max: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a bucket is a sorted array up to _SORTED_MAX entries, then a hash table: both, and the
+    # conversion, at the default and with the hash table at once or after a few entries
+    if sorted_max is not None:
+        monkeypatch.setattr(replay, "_SORTED_MAX", sorted_max)
     rng = random.Random(2)
     skew = 600_000_000
     cache = ReplayCache(skew, max_entries=1 << 20, bucket_us=120_000_000)
@@ -202,6 +211,75 @@ def test_keys_unused_for_two_periods_are_dropped() -> None:
     t[0] = 9.0  # two periods without use: forgotten, and derived again when needed
     assert b.open(a.seal_to(b, b"y")) == b"y"
     assert b.pair.derivations == 2 and b.pair.held() == 1
+
+
+def test_expire_lets_unused_keys_go_without_waiting_for_a_use() -> None:
+    # generations turned over only when a key was used: a node that went quiet kept every key
+    # of its last exchanges (up to 2 x cache) until its next pair frame; expire() is what its
+    # owner calls every period instead
+    clock = Clock()
+    t = [0.0]
+    parties = [Party(50 + i, clock) for i in range(3)]
+    b = Party(53, clock)
+    b.pair = PairKeys(b.key, b.pub, period_s=0.5, clock=lambda: t[0])
+    for p in parties:
+        assert b.open(p.seal_to(b, b"x")) == b"x"
+    assert b.pair.held() == 3 and b.pair.expire() == 3
+    t[0] = 0.6  # a period later: the keys are the old generation, still held
+    assert b.pair.expire() == 3
+    assert b.open(parties[0].seal_to(b, b"y")) == b"y"  # one used again: carried over
+    t[0] = 1.2  # two periods without use for the others
+    assert b.pair.expire() == 1
+    t[0] = 2.5
+    assert b.pair.expire() == 0 and b.pair.derivations == 3
+    # what is derived again opens as before
+    assert b.open(parties[1].seal_to(b, b"z")) == b"z" and b.pair.derivations == 4
+
+
+@pytest.mark.parametrize("cache", [1, 3, 16])
+def test_slots_survive_turnovers_and_promotions(cache: int) -> None:
+    # the derived keys live in one slab per node, compacted at each turnover: whatever the
+    # order of uses, turnovers and promotions, every frame opens, and a key unused for two
+    # periods is derived again (at most one derivation per peer and two periods when cached)
+    clock = Clock()
+    t = [0.0]
+    rng = random.Random(cache)
+    parties = [Party(60 + i, clock) for i in range(6)]
+    b = Party(70, clock)
+    b.pair = PairKeys(b.key, b.pub, cache=cache, period_s=1.0, clock=lambda: t[0])
+    for i in range(300):
+        t[0] += rng.choice((0.0, 0.0, 0.1, 0.4, 1.1))
+        p = rng.choice(parties)
+        body = b"%d" % i
+        assert b.open(p.seal_to(b, body)) == body
+        assert p.open(b.seal_to(p, body)) == body
+        assert b.pair.held() <= 2 * cache
+        assert len(b.pair._slab) <= pair_module._SLOT * 2 * cache
+    assert b.verifier.counters["accepted"] == 300
+
+
+def test_pair_frames_are_those_the_previous_key_layout_made() -> None:
+    # a node keeps the X25519 output and derives each direction's key per frame: the frames
+    # (both directions, from the lower and the higher key) are byte for byte those of the
+    # layout that kept both derived keys, so nodes of either version understand each other
+    a, b = _key(80), _key(81)
+    pa, pb = public_bytes(a), public_bytes(b)
+    ka, kb = PairKeys(a, pa), PairKeys(b, pb)
+    ka._prefix = kb._prefix = b"\x00\x01\x02\x03"
+    assert pa < pb
+    f1 = ka.seal(pb, key_hash(pb), 12345, "udp://1:1", b"hello")
+    f2 = kb.seal(pa, key_hash(pa), 12346, "udp://1:1", b"olleh")
+    assert f1 is not None and f2 is not None
+    assert f1.hex() == (
+        "f6016b6579d22eddce29037c19efcdd88f21aa4c01b082218f37e64b2191cc248f9aeaf2108f03ebadef25e"
+        "bdda8a523e8179fa99c000102030000000000003039097564703a2f2f313a3142d5a07ddbd6d33fccb2beaf"
+        "13545bb4492ad4d73f"
+    )
+    assert f2.hex() == (
+        "f6afac851580a21cd880db8ec9ded99caca45751174492f1224ade37b50dc095fca42a842d014393cf6176a"
+        "f81440f39595ef2b54200010203000000000000303a097564703a2f2f313a318a34bbebf88e661c10fb84b3"
+        "08a7e1e742c6279c6f"
+    )
 
 
 def test_derived_keys_of_every_node_share_one_copy_of_a_peer_key() -> None:

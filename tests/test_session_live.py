@@ -9,6 +9,7 @@
   and no lookup.
 * A peer that restarts with the same identity (new process state, same address) is handshaken
   with again, and routing through it works.
+* A node that stops talking lets its derived pair keys go.
 """
 
 from __future__ import annotations
@@ -247,6 +248,31 @@ async def test_replayed_pair_frames_are_refused_by_their_receiver_and_elsewhere(
         got = await replay(b, tampered)
         assert got == Counter({"forged": len(captured)})
         await nothing_delivered()
+
+
+async def test_a_node_that_stops_talking_lets_its_pair_keys_go(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A node's derived pair keys turned over only when it used one: a node that went quiet
+    # kept those of its last exchanges (~75 each after a 300-node bring-up) until its next pair
+    # frame. Now each is dropped two periods after its last use, and a node holding none drops
+    # its X25519 key too; what it derives again for the swarm's maintenance goes as well.
+    cfg = SessionConfig(handshake_after_frames=10**6)
+    async with three_nodes(cfg, seed=7) as (_, _, nodes):
+        a, b, _ = nodes
+        await exchange(a.application("x"), b.application("x"), b, 3, "warm")
+        assert b.stats["node.pair_keys_held"] >= 1
+        derived = sum(n.stats["node.pair_derivations"] for n in nodes)
+        quiet = {n.address: 0 for n in nodes}
+        for _ in range(240):  # two minutes, maintenance included
+            await trio.sleep(0.5)
+            for n in nodes:
+                if n.stats.get("node.pair_keys_held", 0) == 0:
+                    quiet[n.address] += 1
+        # most of the time every node holds none (maintenance uses a key for a moment)
+        assert all(q > 200 for q in quiet.values()), quiet
+        # and the count of derivations survives the objects that made them
+        assert sum(n.stats["node.pair_derivations"] for n in nodes) >= derived
 
 
 async def test_sessions_expiring_mid_traffic_lose_no_lookup(

@@ -17,8 +17,11 @@ Theory of operation (docs/security.md, "Pair frames"):
 * **Keys.** ``dh = X25519(own, peer)``; one key per direction, as Noise's ``Split()``:
   ``k_lo = BLAKE2s(key=dh, DOMAIN || lo || hi || 1)`` and ``k_hi`` likewise with ``2``, ``lo`` /
   ``hi`` the two Ed25519 keys in byte order (keyed BLAKE2s is a PRF, RFC 7693 §2.9). A node
-  keeps the derived keys of the peers it used in the last 2–4 s (two generations of 64-byte
-  entries, not OpenSSL contexts, which cost ~2.5 KiB each).
+  keeps ``dh`` for the peers it used in the last 0.5–1 s (two generations of 32-byte slots, not
+  OpenSSL contexts, which cost ~2.5 KiB each) and derives a direction's key per frame (one
+  BLAKE2s, ~0.7 µs): three quarters of the reuses of a key
+  come within 50 ms of its last use (a request and its reply), and the rest seconds later,
+  which a longer period would catch only at the cost of holding every key of the last seconds.
 * **Frame**: ``0xF6 | sender Ed25519 key (32) | receiver id (20) | nonce prefix (4) | seq (8) |
   address length (1) | reply-to address | ChaCha20-Poly1305(body), tag (16)``, everything
   before the ciphertext as associated data. The nonce is the sender's per-process random prefix
@@ -79,6 +82,8 @@ _TABLE_MAX = 65536
 #: ``(sender key, receiver id, nonce prefix, seq, reply_to, end of the header)``
 PairHead = tuple[bytes, bytes, bytes, int, str, int]
 _X_MAX = 16384
+#: bytes of one slot of a node's slab: the X25519 output shared with one peer
+_SLOT = 32
 
 
 def is_pair_frame(data: bytes) -> bool:
@@ -138,11 +143,17 @@ class PairKeys:
     periods is dropped), at most ``cache`` per generation: a node holds the keys of the peers it
     is talking to now — ~100 during its own join, none once quiet — and a miss costs one
     X25519 (~40 µs), still a quarter of an Ed25519 verification.
+
+    Memory: each generation maps a peer key (the process's one copy) to a slot of one
+    ``bytearray`` holding the 32-byte X25519 output shared with that peer, compacted to the
+    surviving generation at each turnover. A ``bytes`` value of both directions' keys per peer
+    cost 97 bytes plus allocator rounding; a slot costs 32, and slot numbers below 257 are
+    CPython's shared small ints, so no object is made per key (a joining node holds ~100).
     """
 
     __slots__ = (
-        "_cache_max", "_clock", "_ed", "_old", "_period", "_prefix", "_turn_at", "_x", "_young",
-        "derivations",
+        "_cache_max", "_clock", "_ed", "_old", "_period", "_prefix", "_slab", "_turn_at", "_x",
+        "_young", "derivations",
     )  # fmt: skip
 
     def __init__(
@@ -151,15 +162,17 @@ class PairKeys:
         public: bytes,
         *,
         cache: int = 128,
-        period_s: float = 2.0,
+        period_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._x = _x_private(key)
         self._ed = public
         self._prefix = os.urandom(4)
-        #: peer key -> (key we send with || key we receive with), this generation and the last
-        self._young: dict[bytes, bytes] = {}
-        self._old: dict[bytes, bytes] = {}
+        #: peer key -> slot of ``_slab`` (the X25519 output shared with that peer at
+        #: ``_SLOT * slot``), this generation and the last
+        self._young: dict[bytes, int] = {}
+        self._old: dict[bytes, int] = {}
+        self._slab = bytearray()
         self._cache_max = cache
         self._period = period_s
         self._clock = clock
@@ -167,23 +180,55 @@ class PairKeys:
         #: X25519 computations made (cache misses)
         self.derivations = 0
 
+    @property
+    def period_s(self) -> float:
+        """How long a generation lasts (a key unused for two is dropped)."""
+        return self._period
+
     def held(self) -> int:
         """Derived keys currently kept."""
         return len(self._young) + len(self._old)
 
-    def _keys(self, peer: bytes) -> bytes | None:
-        """``key we send with || key we receive with`` for the peer with Ed25519 key ``peer``."""
+    def expire(self) -> int:
+        """Turn the generations over if one is due, as a use would, and return the keys still
+        held: the owner of a node that has stopped talking calls it every period, so that
+        keys unused for two periods go without waiting for the next use (0: none is left, and
+        the object itself can go)."""
         now = self._clock()
         if now >= self._turn_at:
-            self._old = self._young if now < self._turn_at + self._period else {}
-            self._young = {}
-            self._turn_at = now + self._period
+            self._turn(now)
+        return self.held()
+
+    def _turn(self, now: float) -> None:
+        """Start a generation: the young one becomes the old one (dropped instead if it too is
+        more than a period old), and the slab keeps only the slots the old one names."""
+        keep = self._young if now < self._turn_at + self._period else {}
+        slab = memoryview(self._slab)
+        new = bytearray(_SLOT * len(keep))
+        for j, (peer, i) in enumerate(keep.items()):
+            # a value set during the iteration over its own keys: no resize, allowed
+            new[_SLOT * j : _SLOT * (j + 1)] = slab[_SLOT * i : _SLOT * (i + 1)]
+            keep[peer] = j
+        slab.release()
+        self._slab = new
+        self._old = keep
+        self._young = {}
+        self._turn_at = now + self._period
+
+    def _keys(self, peer: bytes) -> bytes | None:
+        """The X25519 output shared with the peer whose Ed25519 key is ``peer`` (None: no usable
+        key); :meth:`_key` derives each direction's key from it."""
+        now = self._clock()
+        if now >= self._turn_at:
+            self._turn(now)
         young = self._young
-        k = young.get(peer)
-        if k is not None:
-            return k
-        k = self._old.pop(peer, None)
-        if k is not None:
+        i = young.get(peer)
+        if i is not None:
+            return bytes(self._slab[_SLOT * i : _SLOT * (i + 1)])
+        i = self._old.pop(peer, None)
+        if i is not None:
+            # the slot stays where it is: it moves to the young generation by its number
+            k = bytes(self._slab[_SLOT * i : _SLOT * (i + 1)])
             e = _X.get(peer)
             if e is not None:
                 peer = e[0]
@@ -196,16 +241,28 @@ class PairKeys:
             except ValueError:  # small-order point: an all-zero shared secret
                 return None
             self.derivations += 1
-            # one key per direction: keyed BLAKE2s (a PRF, RFC 7693 §2.9) over the domain and
-            # both keys in byte order, as Noise's Split() derives two keys from one secret
-            lo, hi = (self._ed, peer) if self._ed < peer else (peer, self._ed)
-            info = _DOMAIN + lo + hi
-            k_lo = hashlib.blake2s(info + b"\x01", key=dh).digest()
-            k_hi = hashlib.blake2s(info + b"\x02", key=dh).digest()
-            k = k_lo + k_hi if lo is self._ed else k_hi + k_lo
+            k = dh
+            if len(young) >= self._cache_max:
+                return k
+            i = len(self._slab) // _SLOT
+            self._slab += k
         if len(young) < self._cache_max:
-            young[peer] = k
+            young[peer] = i
         return k
+
+    def _key(self, peer: bytes, send: bool) -> bytes | None:
+        """The key we send to (``send``) or receive from the peer with Ed25519 key ``peer``."""
+        dh = self._keys(peer)
+        if dh is None:
+            return None
+        # one key per direction: keyed BLAKE2s (a PRF, RFC 7693 §2.9) over the domain, both keys
+        # in byte order and 1 (the lower key's sending key) or 2, as Noise's Split() derives two
+        # keys from one secret. Made per frame (~0.7 µs) so that a node keeps 32 bytes a peer.
+        ed = self._ed
+        ours_lo = ed < peer
+        lo, hi = (ed, peer) if ours_lo else (peer, ed)
+        which = b"\x01" if ours_lo == send else b"\x02"
+        return hashlib.blake2s(_DOMAIN + lo + hi + which, key=dh).digest()
 
     def seal(self, peer: bytes, to: bytes, seq: int, reply_to: str, body: bytes) -> bytes | None:
         """A pair frame carrying ``body`` to the node with Ed25519 key ``peer`` and id ``to``
@@ -213,21 +270,21 @@ class PairKeys:
         addr = reply_to.encode()
         if len(addr) > 255:
             return None
-        k = self._keys(peer)
+        k = self._key(peer, True)
         if k is None:
             return None
         head = _HEAD.pack(PAIR, self._ed, to, self._prefix, seq, len(addr)) + addr
         nonce = self._prefix + seq.to_bytes(8, "big")
-        return head + ChaCha20Poly1305(k[:32]).encrypt(nonce, body, head)
+        return head + ChaCha20Poly1305(k).encrypt(nonce, body, head)
 
     def open(self, head: PairHead, data: bytes) -> bytes | None:
         """The body of the frame ``data`` whose header :func:`parse_head` returned as ``head``,
         or None if its tag does not verify under our key with its sender (``forged``)."""
-        k = self._keys(head[0])
+        k = self._key(head[0], False)
         if k is None:
             return None
         try:
-            return ChaCha20Poly1305(k[32:]).decrypt(
+            return ChaCha20Poly1305(k).decrypt(
                 head[2] + head[3].to_bytes(8, "big"), data[head[5] :], data[: head[5]]
             )
         except InvalidTag:

@@ -141,7 +141,7 @@ class Sessions:
         ed_pub = public_bytes(identity)
         entry = public_key_entry(ed_pub)
         assert entry is not None
-        self.own_id = entry[1]
+        self.own_id = entry[0]
         self._identity_key = identity
         self._addr = addr
         # the static key and its signed payload are made at the first handshake: a node that

@@ -35,11 +35,10 @@ from __future__ import annotations
 import sys
 
 import attrs
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from transports.address import MAX_ADDRESS_LEN
-from transports.auth import public_bytes, public_key_entry
+from transports.auth import public_bytes, public_key_entry, signature_valid
 from transports.errors import TransportConfigError
 from transports.noise import DHLEN, TAGLEN, XXHandshake, decrypt, encrypt
 
@@ -101,11 +100,9 @@ def _read_identity(payload: bytes, static: bytes) -> tuple[bytes, str] | None:
     if entry is None:
         return None
     sig = payload[32:_IDENT]
-    key = entry[2] + static
+    key = entry[1] + static
     if _VERIFIED.get(key) != sig:
-        try:
-            entry[0].verify(sig, STATIC_DOMAIN + static)
-        except InvalidSignature:
+        if not signature_valid(entry[1], sig, STATIC_DOMAIN + static):
             return None
         if len(_VERIFIED) >= _VERIFIED_MAX:
             del _VERIFIED[next(iter(_VERIFIED))]
@@ -115,7 +112,7 @@ def _read_identity(payload: bytes, static: bytes) -> tuple[bytes, str] | None:
         address = sys.intern(payload[_IDENT:].decode("utf-8"))
     except UnicodeDecodeError:
         return None
-    return entry[1], address
+    return entry[0], address
 
 
 @attrs.frozen(slots=True)

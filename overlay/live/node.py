@@ -345,12 +345,15 @@ class Node(Sender):
             parts.append(("session.", self._sessions.counters))
             out["session.held"] = len(self._sessions)
         out["rate.sources"] = len(self._limiter)
-        if self._pair is not None:
-            out["node.pair_derivations"] = self._pair.derivations
-            out["node.pair_keys_held"] = self._pair.held()
         for prefix, c in parts:
             for k, v in c.items():
                 out[prefix + k] = v
+        if self._pair is not None:
+            # derivations of the pair keys dropped when idle are in the counter already
+            out["node.pair_derivations"] = self._counters["pair_derivations"] + (
+                self._pair.derivations
+            )
+            out["node.pair_keys_held"] = self._pair.held()
         return MappingProxyType(out)
 
     @property

@@ -95,11 +95,14 @@ async def _worker(
     from collections import Counter
     from contextlib import AsyncExitStack
 
-    import trio
-
     # Everything a node will import is imported before the baseline, as kademlia's script
     # imports its package before its own baseline (the Pastry core is otherwise imported
-    # lazily by the first Node and would be charged to the nodes).
+    # lazily by the first Node and would be charged to the nodes; cryptography loads its
+    # OpenSSL backend module at the first X25519 key, a signed node's first pair frame: ~0.2
+    # MiB once per process, which at 300 nodes read as ~0.8 KiB per node).
+    import cryptography.hazmat.backends.openssl.backend  # noqa: F401
+    import trio
+
     import overlay.multicast
     import overlay.pastry.core  # noqa: F401
     from overlay.identity import Identity
