@@ -39,6 +39,10 @@ Overlays", IPTPS 2003; MSPastry, Castro et al. 2003 §3):
   it is sent on as usual (avoiding them delivered it here in the root's place). The node that
   delivered a message remembers that too, so delivery stays at most once however many copies
   arrive.
+* **Custody** (``KbrConfig.custody``, ``overlay/kbr_custody.py``): a node keeps a copy of each
+  message its next hop acked until that hop sends a :class:`HandedOff` notice (its own next
+  hop acked, or it delivered); if the hop is declared DEAD first, the copy is routed again
+  avoiding it, so a one-way message survives the crash of the node that held it.
 * An overlay subclass supplies the routing state: :meth:`KbrCore.next_hop` (``None`` = this node
   is responsible), the neighbour queries and the join/maintenance protocol.
 """
@@ -60,7 +64,8 @@ from overlay.errors import (
 )
 from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
-from overlay.kbr_pending import Hop, HopEngine
+from overlay.kbr_custody import CustodyEngine
+from overlay.kbr_pending import Hop
 from overlay.messages import Message, register
 from overlay.proximity import Liveness, Ping, Pong, Proximity, ProximityConfig
 from overlay.runtime import Runtime
@@ -86,6 +91,15 @@ class RouteMsg(Message):
 @attrs.frozen(slots=True)
 class RouteAck(Message):
     """Per-hop acknowledgement of a RouteMsg (MSPastry §3.2)."""
+
+    msg_id: int
+
+
+@register(7)
+@attrs.frozen(slots=True)
+class HandedOff(Message):
+    """The receiver's next hop acked RouteMsg ``msg_id``, or the receiver delivered it: the
+    custody copy kept after the receiver's ack can go (``overlay/kbr_custody.py``)."""
 
     msg_id: int
 
@@ -210,13 +224,33 @@ class KbrConfig:
     #: 18.9 s after the bounce, covers them, and only bounced lookups wait). 0 = deliver now.
     retry_bounced_s: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
     retry_bounced_times: int = attrs.field(default=6, validator=attrs.validators.ge(0))
+    #: the previous hop keeps a copy of each message its next hop acked until that hop says
+    #: it handed it on (its own next hop acked, or it delivered), and routes the copy again
+    #: if the hop is declared DEAD first (``overlay/kbr_custody.py``): a one-way message
+    #: survives the crash of the node that held it. On by default: the cost is one small
+    #: notice per hop (lookup traffic, like the ack) and a probe per copy whose notice is late;
+    #: without it a holder's crash lost the message (``holder_crashed``, the largest cause of
+    #: lost one-way lookups in ``bench churn``). Needs ``hop_acks``.
+    custody: bool = True
+    #: custody copies a node keeps at most (the oldest goes first, counted)
+    custody_max: int = attrs.field(default=256, validator=attrs.validators.ge(0))
+    #: a copy is dropped (counted) this long after its hop acked, if no notice came and the hop
+    #: was not declared DEAD: it is alive and still holds the message (waiting out its own
+    #: next hops' probes and retries, 19 s at most for a returned lookup at the defaults
+    #: above), or dropped it itself
+    custody_max_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0.0))
+    #: the first probe of a hop whose notice has not come, in RTOs of that hop after its ack
+    #: (at least the initial RTO); then at doubling intervals. A hop hands a message on within
+    #: a round trip to its own next hop, or a timeout and a reroute: four of our RTOs cover that
+    #: for the RTTs the hop is likely to have; an early probe costs only a ping and a pong.
+    custody_check_rtos: float = attrs.field(default=4.0, validator=attrs.validators.gt(0.0))
 
 
 Handler = Callable[[NodeHandle, Any], None]
 
 
 # ---------------------------------------------------------------------- the core base
-class KbrCore(HopEngine, abc.ABC):
+class KbrCore(CustodyEngine, abc.ABC):
     """Shared machinery of a sans-io overlay core. Subclasses: PastryCore, SmallWorldCore."""
 
     overlay_name: ClassVar[str] = "?"
@@ -342,6 +376,7 @@ class KbrCore(HopEngine, abc.ABC):
             if hop.timer is not None:
                 hop.timer.cancel()
         self._pending.clear()
+        self._stop_custody()
         self._unready_held = None
 
     def leave(self) -> None:
@@ -426,6 +461,8 @@ class KbrCore(HopEngine, abc.ABC):
         self._on_peer_dead(h)
         if self._pending and self.kbr_config.act_on_verdicts:
             self.reroute_waiting_on(h)
+        if self._custody:
+            self.custody_dead(h)
 
     def _peer_alive(self, h: NodeHandle) -> None:
         self._on_peer_alive(h)
@@ -550,6 +587,7 @@ class KbrCore(HopEngine, abc.ABC):
         if nh is None:
             self._record(msg, None)
             self.stats["delivered"] += 1
+            self._handed_on(prev, msg.msg_id)
             app.deliver(msg.key, msg.payload, msg.origin)
             return
         nh2 = app.forward(msg.key, msg.payload, nh)
@@ -559,6 +597,7 @@ class KbrCore(HopEngine, abc.ABC):
         if nh2 == self.handle:
             self._record(msg, None)
             self.stats["delivered"] += 1
+            self._handed_on(prev, msg.msg_id)
             app.deliver(msg.key, msg.payload, msg.origin)
             return
         resent = self._tried(msg, nh2)
@@ -580,6 +619,12 @@ class KbrCore(HopEngine, abc.ABC):
     def _on_route_ack(self, src: NodeHandle, msg: RouteAck) -> None:
         self._on_hop_acked(src, msg.msg_id)
 
+    def _on_handed_off(self, src: NodeHandle, msg: HandedOff) -> None:
+        self.on_handed_off(src, msg.msg_id)
+
+    def _notice(self, mid: int) -> HandedOff:
+        return HandedOff(mid)
+
     def _ack_hop(self, src: NodeHandle, msg: RouteMsg) -> None:
         """Acknowledge a routed message to the hop it came from (MSPastry §3.2)."""
         if self.kbr_config.hop_acks and src != self.handle:
@@ -590,6 +635,7 @@ class KbrCore(HopEngine, abc.ABC):
         tried = self._visit(msg)
         if tried is None:
             self.stats["duplicates"] += 1
+            self._handed_on_before(src, msg)
             return
         self._learn(src)
         if msg.hops > self.kbr_config.max_hops:
@@ -626,6 +672,7 @@ class KbrCore(HopEngine, abc.ABC):
 KbrCore._class_handlers = {
     RouteMsg: KbrCore._on_route,
     RouteAck: KbrCore._on_route_ack,
+    HandedOff: KbrCore._on_handed_off,
     DirectMsg: KbrCore._on_direct,
     Ping: KbrCore._on_ping,
     Pong: KbrCore._on_pong,

@@ -50,6 +50,9 @@ per (origin, msg_id), the hop count at which it handled a message and the next h
   it keeps the message at a node that is already active, so a join that fails loses nothing:
   the last return is delivered here as before.
 
+What happens after the ack — the custody copy the previous hop keeps until the next hop hands
+the message on — is in ``overlay/kbr_custody.py``; this module only calls its two hooks.
+
 This module holds no message classes (they live in ``overlay.kbr``): the mixin copies a routed
 message with one hop less by ``attrs.evolve``.
 """
@@ -95,6 +98,7 @@ class Hop:
         "held",
         "msg",
         "nh",
+        "notified",
         "prev",
         "reroutes",
         "resent",
@@ -125,6 +129,9 @@ class Hop:
         self.timer: Timer | None = None
         #: a copy that came back with more hops before this hop was acked: (from, message)
         self.held: tuple[NodeHandle, Any] | None = None
+        #: ``nh`` already said it handed the message on (its notice overtook its ack): no
+        #: custody copy to keep once the ack comes (``overlay/kbr_custody.py``)
+        self.notified = False
 
 
 class HopEngine:
@@ -210,7 +217,8 @@ class HopEngine:
             hop.timer.cancel()
 
     def _on_hop_acked(self, src: NodeHandle, mid: int) -> None:
-        """``src`` acknowledged message ``mid``: it is no longer ours to carry."""
+        """``src`` acknowledged message ``mid``: it is no longer ours to carry (but, with
+        custody, ours to keep a copy of until ``src`` hands it on)."""
         hop = self._pending.get(mid)
         if hop is None or hop.nh != src:
             return
@@ -221,8 +229,20 @@ class HopEngine:
             # a reroute had come back to it; RTOs a quarter of the RTT then gave false DEAD
             # verdicts that no later exchange could correct.
             self.prox.sample(src, self.runtime.now() - hop.sent_at)
-        if hop.held is not None:  # the next hop took it on: the copy that came back looped
-            self._route_loop(hop.held[1], hop.held[0])
+        held = hop.held
+        self._handed_on(hop.prev, mid)
+        self._take_custody(mid, hop)
+        if held is not None:  # the next hop took it on: the copy that came back looped
+            self._route_loop(held[1], held[0])
+
+    # custody hooks (``overlay/kbr_custody.py`` overrides them)
+    def _handed_on(self, prev: NodeHandle | None, mid: int) -> None:
+        """Message ``mid`` left this node safely (acked onwards, or delivered here)."""
+        return None
+
+    def _take_custody(self, mid: int, hop: Hop) -> None:
+        """``hop`` was acked: keep a copy of its message (or not)."""
+        return None
 
     # ------------------------------------------------------------------ what a node remembers
     def _visit(self, msg: Any) -> tuple[NodeHandle, ...] | None:

@@ -485,6 +485,14 @@ class Proximity:
             t.remove(h)
             self._bad_discard(h)
         t.compact()
+        failed = self._failed
+        if failed is not None:
+            # the pings of failed probes expire here too, not only at the next failure: a node
+            # whose probes stop failing would otherwise keep them for good
+            for n in [n for n, (_, _, exp) in failed.items() if exp < now]:
+                del failed[n]
+            if not failed:
+                self._failed = None
 
     def forget_unreferenced(self, referenced: AbstractSet[NodeHandle]) -> int:
         """Forget live peers outside ``referenced`` (the handles the owner's tables hold) that

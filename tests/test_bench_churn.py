@@ -5,6 +5,7 @@ trace file is named by file and line. Its figures are a benchmark's, never asser
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -141,19 +142,27 @@ def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> No
         churn.run(args(overlay="smallworld", set=["heartbeat_left_only=false"]))
 
 
-def _lookup_through_a_crashing_holder(tries: int, key_seed: int) -> tuple[dict[str, int], bool]:
+def _lookup_through_a_crashing_holder(
+    tries: int, key_seed: int, custody: bool = False
+) -> tuple[dict[str, int], bool, Any]:
     """One lookup on a settled 300-node ring whose second hop ``B`` finds its next hop ``C``
     crashed unseen and then crashes itself while it waits for ``C``'s ack: the case the per-hop
-    acks cannot save (the previous hop already has ``B``'s ack). Returns the run's counters and
-    whether the crash happened (the lookup took at least three hops)."""
+    acks cannot save (the previous hop already has ``B``'s ack) unless the previous hop keeps
+    custody of the message (``KbrConfig.custody``). Returns the run's counters, whether the
+    crash happened (the lookup took at least three hops), and the network."""
     import random
 
+    import attrs
+
     from overlay.ids import NodeId
+    from overlay.pastry import PastryConfig
     from sim_adapter.network import Network
 
     net = Network(seed=5)
     cr = churn._ChurnRun(args(tries=tries), net)
-    nodes = net.spawn(300, overlay="pastry", build="oracle")
+    base = PastryConfig()
+    config = attrs.evolve(base, kbr=attrs.evolve(base.kbr, custody=custody))
+    nodes = net.spawn(300, overlay="pastry", build="oracle", config=config)
     for n in nodes:
         cr.attach(n)
         cr.activate(n)
@@ -183,19 +192,39 @@ def _lookup_through_a_crashing_holder(tries: int, key_seed: int) -> tuple[dict[s
         cr.active = [n for n in nodes if n.alive]
         cr.pos = {n.index: i for i, n in enumerate(cr.active)}
         net.run(cr.args.lookup_timeout_s + 1.0)
-    return cr.c, bool(fired)
+    return cr.c, bool(fired), net
+
+
+def _first_key_seed_through_a_crashing_holder() -> int:
+    """The first key whose lookup from node 0 takes three hops or more."""
+    return next(s for s in range(40) if _lookup_through_a_crashing_holder(1, s)[1])
 
 
 def test_end_to_end_retry_recovers_a_lookup_whose_holder_crashed() -> None:
-    # the first key whose lookup from node 0 takes three hops or more
-    seed = next(s for s in range(40) if _lookup_through_a_crashing_holder(1, s)[1])
-    one_way, _ = _lookup_through_a_crashing_holder(1, seed)
+    # without custody (each hop forgets the message once the next one acked it)
+    seed = _first_key_seed_through_a_crashing_holder()
+    one_way, _, _ = _lookup_through_a_crashing_holder(1, seed)
     assert one_way["launched"] == 1 and one_way["holder_crashed"] == 1  # lost, cause named
     assert one_way["retries"] == 0
-    rr, fired = _lookup_through_a_crashing_holder(3, seed)
+    rr, fired, _ = _lookup_through_a_crashing_holder(3, seed)
     assert fired
     assert rr["holder_crashed"] == 0 and rr["correct"] == 1  # the source's retry delivered it
     assert rr["retries"] >= 1 and rr["recovered_by_retry"] == 1
+
+
+def test_custody_delivers_a_one_way_lookup_whose_holder_crashed() -> None:
+    # the same crash, one-way (no retry by the source): the hop before the crashed holder kept
+    # a custody copy, probed the holder when no notice came, and routed the copy again once
+    # the holder was declared dead — delivered once, at the live node closest to the key
+    seed = _first_key_seed_through_a_crashing_holder()
+    c, fired, net = _lookup_through_a_crashing_holder(1, seed, custody=True)
+    assert fired
+    assert c["launched"] == 1 and c["retries"] == 0
+    assert c["holder_crashed"] == 0 and c["dropped"] == 0
+    assert c["correct"] == 1 and c["incorrect"] == 0 and c["duplicate"] == 0
+    stats = sum((n.core.stats for n in net.nodes), Counter[str]())
+    assert stats["custody_rerouted"] == 1
+    assert stats["custody_held"] >= 2 and stats["custody_released"] >= 1
 
 
 def test_bad_tries_is_a_config_error() -> None:

@@ -16,7 +16,7 @@ import pytest
 from toy_overlay import ToyConfig, ToyCore
 
 from overlay import DuplicateApplicationError, NodeHandle, NodeId, UnknownApplicationError
-from overlay.kbr import BaseApplication, RouteMsg
+from overlay.kbr import BaseApplication, HandedOff, RouteAck, RouteMsg
 from overlay.messages import Message, register
 from overlay.runtime import ManualRuntime
 from sim_adapter.latency import Uniform
@@ -112,8 +112,12 @@ def test_duplicates_are_acked_but_delivered_once() -> None:
     core.receive(peer, m)
     assert len(app.got) == 1
     assert core.stats["duplicates"] == 1
-    acks = [msg for _, msg in rt.take_sent()]
+    sent = [msg for _, msg in rt.take_sent()]
+    acks = [msg for msg in sent if isinstance(msg, RouteAck)]
     assert len(acks) == 2  # both copies acked, so the sender stops retransmitting
+    # and, with custody, each told that it was delivered here (the sender of the second copy
+    # keeps a custody copy of it once acked, which only a notice releases)
+    assert [msg for msg in sent if not isinstance(msg, RouteAck)] == [HandedOff(42)] * 2
 
 
 def test_api_misuse_raises_clear_errors() -> None:

@@ -16,11 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from toy_overlay import ToyConfig, ToyCore
 
 from overlay import NodeHandle, NodeId
-from overlay.kbr import BaseApplication, KbrConfig, KbrCore, RouteAck, RouteMsg
+from overlay.ids import ring_distance
+from overlay.kbr import BaseApplication, HandedOff, KbrConfig, KbrCore, RouteAck, RouteMsg
 from overlay.messages import Message
 from overlay.pastry import PastryConfig
 from overlay.runtime import ManualRuntime
@@ -408,6 +410,143 @@ def test_a_verdict_that_ends_a_join_is_applied_before_the_messages_waiting_on_it
     w.pump()
     w.advance(60.0)
     assert w.got == [(j, "k")]
+
+
+# ---------------------------------------------------------------------- custody (issue 13)
+_NO_CUSTODY = ToyConfig(kbr=attrs.evolve(PastryConfig().kbr, custody=False))
+
+
+def _s_b_r(cfg: ToyConfig = _PASTRY_LIKE) -> tuple[_Wire, int, int, int, int]:
+    """S (100) knows B (900) and X (950); B and X know the root R (1001) of key 1000. Returns
+    the wire and S, B, X, R: S sends by B, and X is its way round B."""
+    s, b, x, r = 100, 900, 950, 1001
+    w = _Wire([s, b, x, r], cfg, dead=set())
+    w.knows(s, b, x)
+    w.knows(b, r)
+    w.knows(x, r)
+    w.cores[s].next_hop = lambda key, exclude=None: (  # type: ignore[method-assign]
+        next((w.h(i) for i in (b, x) if not exclude or w.h(i) not in exclude), None)
+    )
+    return w, s, b, x, r
+
+
+def _custody(core: KbrCore) -> dict[int, Any]:
+    return core._custody or {}
+
+
+def test_the_notice_of_the_next_hop_releases_the_custody_copy() -> None:
+    w, s, b, _x, r = _s_b_r()
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    assert w.got == [(r, "k")]
+    src, mid = w.cores[s], w.cores[b]
+    # B's next hop acked: B told S; R delivered: R told B. Nothing is kept, nothing probed.
+    assert src.stats["custody_held"] == 1 and src.stats["custody_released"] == 1
+    assert mid.stats["custody_held"] == 1 and mid.stats["custody_released"] == 1
+    assert _custody(src) == {} and _custody(mid) == {}
+    sent = src.prox.probes_sent
+    w.advance(60.0)
+    assert src.prox.probes_sent == sent and w.got == [(r, "k")]
+
+
+@pytest.mark.parametrize("custody", [True, False], ids=["custody", "no-custody"])
+def test_a_copy_whose_silent_holder_is_dead_is_rerouted_to_the_root(custody: bool) -> None:
+    # The holder_crashed case of ``bench churn`` (one-way lookups): B acked S, then crashed
+    # before its datagram to R left. S's copy goes round B once B is declared dead.
+    w, s, b, _x, r = _s_b_r(_PASTRY_LIKE if custody else _NO_CUSTODY)
+    w.drop = lambda src, dst, m: src == w.h(b) and isinstance(m, RouteMsg)
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    w.cores[b].stop()  # B crashes holding the only copy that left S
+    w.dead.add(b)
+    w.drop = lambda src, dst, m: False
+    w.advance(60.0)
+    # oracle: the live node closest to the key (S, X and R are live; B is not)
+    live = [i for i in w.cores if i not in w.dead]
+    root = min(live, key=lambda i: ring_distance(NodeId(i), NodeId(1000)))
+    assert root == r
+    if not custody:
+        assert w.got == []  # lost with B, as before custody
+        return
+    assert w.got == [(r, "k")]
+    src = w.cores[s]
+    assert src.prox.is_dead(w.h(b))
+    assert src.stats["custody_rerouted"] == 1 and _custody(src) == {}
+
+
+def test_a_live_but_slow_holder_is_waited_for_and_no_copy_is_sent() -> None:
+    # B's only way on, R, is cut off for 5 s: B retransmits to it until it acks (its probe
+    # would take 15 s to declare it dead). S hears no notice meanwhile and probes B, which
+    # answers: S waits, and B's notice releases the copy. One delivery, at the root.
+    w, s, b, _x, r = _s_b_r()
+    cut = [True]
+    w.drop = lambda src, dst, m: cut[0] and dst == w.h(r)
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    w.advance(5.0)
+    assert w.got == []
+    cut[0] = False
+    w.advance(60.0)
+    assert w.got == [(r, "k")]
+    src = w.cores[s]
+    assert src.stats["custody_probes"] >= 2  # B was slow for longer than a check
+    assert src.stats["custody_released"] == 1
+    assert src.stats["custody_rerouted"] == 0 and src.stats["custody_expired"] == 0
+    assert not src.prox.is_dead(w.h(b)) and _custody(src) == {}
+
+
+def test_a_lost_notice_only_costs_probes_until_the_copy_expires() -> None:
+    # The root B delivered, but its notice to S was lost: S probes the live B at doubling
+    # intervals and drops its copy after ``custody_max_s``. No second copy, no duplicate.
+    w, s, b, _x, _r = _s_b_r()
+    w.knows(b)  # B knows no node closer to the key: it is the root
+    w.drop = _once(lambda src, dst, m: isinstance(m, HandedOff))
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    assert w.got == [(b, "k")]
+    w.advance(40.0)
+    src = w.cores[s]
+    assert w.got == [(b, "k")]
+    assert src.stats["custody_expired"] == 1 and src.stats["custody_rerouted"] == 0
+    assert 2 <= src.stats["custody_probes"] <= 6 and _custody(src) == {}
+
+
+def test_a_rerouted_copy_of_a_delivered_message_is_a_duplicate_at_the_root() -> None:
+    # R delivered, B's notice to S was lost, and B crashed: S reroutes its copy by X to R,
+    # which has delivered it already and drops it as a duplicate.
+    w, s, b, _x, r = _s_b_r()
+    w.drop = _once(lambda src, dst, m: isinstance(m, HandedOff) and src == w.h(b))
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    assert w.got == [(r, "k")]
+    w.cores[b].stop()
+    w.dead.add(b)
+    w.advance(60.0)
+    assert w.got == [(r, "k")]  # once
+    assert w.cores[s].stats["custody_rerouted"] == 1
+    assert w.cores[r].stats["duplicates"] == 1
+
+
+def test_a_notice_that_overtakes_a_lost_ack_spares_the_copy_of_the_retransmission() -> None:
+    # S's only way on is B, whose ack was lost; B's notice (R acked) reaches S first. S still
+    # retransmits to B on its timeout (the rules for a pending hop are unchanged), B acks the
+    # duplicate, and S keeps no custody copy: B handed the message on already.
+    w, s, b, x, r = _s_b_r()
+    w.knows(s, b)
+    w.cores[s].next_hop = lambda key, exclude=None: (  # type: ignore[method-assign]
+        None if exclude and w.h(b) in exclude else w.h(b)
+    )
+    w.drop = _once(lambda src, dst, m: isinstance(m, RouteAck) and dst == w.h(s))
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    src = w.cores[s]
+    assert src.stats["custody_early_notices"] == 1 and len(src._pending) == 1
+    w.advance(60.0)
+    assert w.got == [(r, "k")]
+    assert src.stats["hop_retransmits"] == 1 and src._pending == {}
+    assert src.stats["custody_held"] == 0 and _custody(src) == {}
+    assert src.stats["custody_probes"] == 0
+    assert w.cores[x].stats["forwarded"] == 0
 
 
 def test_the_churn_bench_traces_every_failed_lookup(tmp_path: Path) -> None:

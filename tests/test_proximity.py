@@ -219,3 +219,19 @@ def test_a_pong_after_the_dead_verdict_corrects_the_rtt_estimate() -> None:
     # a second pong to the same ping is no new sample
     p.on_pong(PEER, Pong(first.nonce, first.sent_at))
     assert p.pongs_after_verdict == 1
+
+
+def test_the_pings_of_a_failed_probe_are_forgotten_once_they_expire() -> None:
+    """Kept ``max_rto_s`` for a late pong, then forgotten by the periodic ``expire_dead`` even
+    if no other probe fails (found by the fuzz test's quiet-state check: they stayed for good)."""
+    rt = ManualRuntime(seed=3)
+    p = Proximity(rt, ME, ProximityConfig(probe_backoff=1.0, probe_retries=2), lambda h: None)
+    p.probe(PEER)
+    rt.take_sent()
+    rt.advance(5.0)  # three pings unanswered: DEAD, the three nonces kept
+    assert p.state(PEER) is Liveness.DEAD and p._failed is not None and len(p._failed) == 3
+    p.expire_dead()
+    assert p._failed is not None and len(p._failed) == 3  # not yet max_rto_s old
+    rt.advance(p.config.max_rto_s + 0.1)
+    p.expire_dead()
+    assert p._failed is None

@@ -23,7 +23,7 @@ from toy_overlay import ToyConfig, ToyCore
 
 from overlay import NodeHandle, NodeId
 from overlay.ids import ring_distance
-from overlay.kbr import BaseApplication, KbrConfig, RouteAck, RouteMsg
+from overlay.kbr import BaseApplication, HandedOff, KbrConfig, RouteAck, RouteMsg
 from overlay.proximity import Ping, Pong
 from overlay.runtime import ManualRuntime
 from sim_adapter.latency import Uniform
@@ -309,6 +309,7 @@ def test_a_silent_hop_that_is_the_only_way_on_is_retried_not_replaced_by_this_no
     assert [d for d, m in sent if isinstance(m, RouteMsg)] == [only]
     assert core.stats["hop_retransmits"] == 1 and app.got == []
     core.receive(only, RouteAck(out.msg_id))  # it answers: nothing more is sent, no delivery
+    core.receive(only, HandedOff(out.msg_id))  # and hands it on (KbrConfig.custody)
     rt.advance(30.0)
     assert [m for _, m in rt.take_sent() if isinstance(m, RouteMsg)] == []
     assert app.got == [] and core.stats["delivered"] == 0

@@ -34,8 +34,11 @@ built (oracle build by default, so the start is a settled ring), then churn runs
   whether the datagram was lost), with its delivery and the liveness verdicts of the nodes on
   its path; the events of each incorrect or lost lookup are written to FILE as JSON lines.
 * **Control traffic** per window of ``--sample-s``: every message sent minus the lookups' own
-  (one RouteMsg and one RouteAck per hop, from the lookup application's ``forward`` upcalls),
-  per active node per second. It includes joins, maintenance, repairs and hop retransmits.
+  (one RouteMsg and one RouteAck per hop, from the lookup application's ``forward`` upcalls,
+  and every custody notice, ``HandedOff``: one per hop that handed a message on), per active
+  node per second. It includes joins, maintenance, repairs, hop retransmits and the probes of
+  hops whose notice was late. (The notices of join routes, about one per join hop, are taken
+  out with the lookups': counted by class, they cannot be told apart.)
 
 A benchmark, never a test: it reports its goals (>= 99.99% correct, no silent loss, control
 < 0.5 msg/s/node) and whether they were met.
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from overlay.errors import ConfigError
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
-from overlay.kbr import BaseApplication
+from overlay.kbr import BaseApplication, HandedOff
 from sim_adapter import bench
 from sim_adapter.bench.churn_trace import TRY_STRIDE as _TRY_STRIDE
 from sim_adapter.network import Network, SimNode
@@ -139,6 +142,8 @@ class _ChurnRun:
         self.measuring = False
         self.hops_in_window = 0
         self.answers_in_window = 0
+        #: custody notices sent until the current window began (lookup traffic, not control)
+        self.notices_mark = 0
         self.c: dict[str, int] = dict.fromkeys(
             (
                 "launched",
@@ -334,7 +339,10 @@ class _ChurnRun:
         dt = now - t_prev
         live = len(self.active)
         msgs = net.message_count - m_prev
+        notices = _notices(net)
         control = msgs - 2 * self.hops_in_window - self.answers_in_window
+        control -= notices - self.notices_mark
+        self.notices_mark = notices
         self.windows.append(
             {
                 "t_min": bench.r(now / 60.0, 2),
@@ -356,6 +364,11 @@ class _ChurnRun:
         for i, w in enumerate(self.windows):
             w["correct"] = self.win_correct[i]
             w["lost"] = self.win_lost[i]
+
+
+def _notices(net: Network) -> int:
+    """Custody notices sent so far (``overlay/kbr_custody.py``)."""
+    return net.msg_by_type[HandedOff.__name__]
 
 
 def _read_trace(path: str) -> list[tuple[float, float]]:
@@ -458,6 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stats0 = _node_stats(net)
         cr.hops_in_window = 0
         cr.answers_in_window = 0
+        cr.notices_mark = _notices(net)
         steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
         for k in range(steps):
             net.run(min(args.sample_s, t0 + end_s - net.now))

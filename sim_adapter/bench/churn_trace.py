@@ -3,13 +3,13 @@
 Theory of operation: the churn bench classifies each incorrect or lost lookup by the state of
 one node at the end (``incorrect_causes``); finding the *mechanism* needs the lookup's whole
 course. The tracer wraps the simulated network's send (so it costs nothing unless asked for)
-and logs, per measured lookup, every RouteMsg and RouteAck sent for it — time, sender,
-receiver, hop count, whether the datagram was lost, whether the receiver was alive — and its
-deliveries. Nodes are named by their index and by their rank by ring distance to the key among
-the active nodes at that moment (rank 0 = the root the oracle names). When a lookup turns out
-incorrect or lost, the delivering (or last holding) node's view of the root is added, and its
-events are written to the file as one JSON line when the lookup's timeout passes (so copies
-delivered late are in the log too).
+and logs, per measured lookup, every RouteMsg, RouteAck and custody notice (HandedOff) sent for
+it — time, sender, receiver, hop count, whether the datagram was lost, whether the receiver was
+alive — and its deliveries. Nodes are named by their index and by their rank by ring distance
+to the key among the active nodes at that moment (rank 0 = the root the oracle names). When a
+lookup turns out incorrect or lost, the delivering (or last holding) node's view of the root is
+added, and its events are written to the file as one JSON line when the lookup's timeout passes
+(so copies delivered late are in the log too).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 from overlay.ids import ring_distance
-from overlay.kbr import KbrCore, RouteAck, RouteMsg
+from overlay.kbr import HandedOff, KbrCore, RouteAck, RouteMsg
 from overlay.messages import Message
 from sim_adapter.network import Network, SimNode
 
@@ -134,7 +134,7 @@ class LookupTracer:
                 self.lid_mid[p] = msg.msg_id
                 return p
             return None
-        if type(msg) is RouteAck:
+        if type(msg) is RouteAck or type(msg) is HandedOff:
             return self.mid_lid.get(msg.msg_id)
         return None
 
@@ -157,7 +157,8 @@ class LookupTracer:
                 [t, "msg", src, self._rank(lid, src), d, self._rank(lid, d), msg.hops, lost, alive]
             )
         else:
-            ev.append([t, "ack", src, d, lost, alive])
+            kind = "ack" if type(msg) is RouteAck else "handed_off"  # custody notice
+            ev.append([t, kind, src, d, lost, alive])
 
     def delivered(self, lid: int, at: SimNode) -> None:
         """Lookup ``lid`` was delivered at ``at`` (first or later copy)."""

@@ -4,7 +4,8 @@ Phases: build (real joins or oracle) → a quiet period with no traffic (mainten
 → M lookups from random live nodes to random keys, launched in batches, each checked against
 the brute-force oracle ``closest_live`` (correct fraction), with hops, route stretch (RDP =
 overlay path latency / direct one-way latency from source to the answering node) and routing
-messages per lookup (RouteMsg + per-hop RouteAck datagrams; maintenance is reported apart).
+messages per lookup (RouteMsg + per-hop RouteAck datagrams + custody notices, HandedOff;
+maintenance is reported apart).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from overlay.ids import NodeId
 from sim_adapter import bench
 from sim_adapter.network import Network
 
-ROUTING_TYPES = ("RouteMsg", "RouteAck")
+ROUTING_TYPES = ("RouteMsg", "RouteAck", "HandedOff")
 
 
 def add_common_arguments(p: argparse.ArgumentParser, default_nodes: int) -> None:
