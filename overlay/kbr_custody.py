@@ -76,8 +76,7 @@ class CustodyEngine(HopEngine):
         retransmission's ack starts a custody copy that the first notice, sent before, cannot
         release; without this it would be probed until it expired, and a false DEAD verdict
         of this node on the way would route a second copy of a delivered message."""
-        seen = self._seen
-        mark = seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
+        mark = self._mark(msg)
         if mark is None:
             return
         if mark[0] != DELIVERED and (len(mark) < 2 or msg.msg_id in self._pending):
@@ -184,8 +183,7 @@ class CustodyEngine(HopEngine):
             del held[mid]
         self._cancel(hop)
         msg = hop.msg
-        seen = self._seen
-        mark = seen.get((msg.origin.id, mid)) if seen is not None else None
+        mark = self._mark(msg)
         if (mark is not None and mark[0] == DELIVERED) or mid in self._pending:
             # delivered here meanwhile, or another copy of ours is on its way already
             self.stats["custody_superseded"] += 1

@@ -269,10 +269,14 @@ class HopEngine:
         seen.move_to_end(k)
         return prev[1:]
 
+    def _mark(self, msg: Any) -> tuple[Any, ...] | None:
+        """What this node remembers of ``msg`` (``_seen``), None if nothing."""
+        seen = self._seen
+        return seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
+
     def _tried(self, msg: Any, nh: NodeHandle) -> bool:
         """True if this node already sent ``msg`` to ``nh`` (as far as its record goes)."""
-        seen = self._seen
-        prev = seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
+        prev = self._mark(msg)
         return prev is not None and nh in prev[1:]
 
     def _record(self, msg: Any, nh: NodeHandle | None) -> None:
@@ -310,8 +314,7 @@ class HopEngine:
 
     def _route_loop(self, msg: Any, src: NodeHandle) -> None:
         """``msg`` came back with more hops and no hop of ours is pending for it."""
-        seen = self._seen
-        prev = seen.get((msg.origin.id, msg.msg_id)) if seen is not None else None
+        prev = self._mark(msg)
         if prev is None or prev[0] == DELIVERED:
             return
         tried = prev[1:]

@@ -485,14 +485,11 @@ class Proximity:
             t.remove(h)
             self._bad_discard(h)
         t.compact()
-        failed = self._failed
-        if failed is not None:
-            # the pings of failed probes expire here too, not only at the next failure: a node
-            # whose probes stop failing would otherwise keep them for good
-            for n in [n for n, (_, _, exp) in failed.items() if exp < now]:
-                del failed[n]
-            if not failed:
-                self._failed = None
+        # the pings of failed probes expire here too, not only at the next failure: a node
+        # whose probes stop failing would otherwise keep them for good
+        self._expire_failed(now)
+        if not self._failed:
+            self._failed = None
 
     def forget_unreferenced(self, referenced: AbstractSet[NodeHandle]) -> int:
         """Forget live peers outside ``referenced`` (the handles the owner's tables hold) that
@@ -623,15 +620,21 @@ class Proximity:
         Without it such an RTO never recovers (every exchange with the peer is retransmitted,
         so Karn's rule samples none) and each probe ends in the same false verdict, as one
         leaf-set neighbour did four times in 100 s under churn (docs/reliability.md)."""
+        now = self.runtime.now()
+        self._expire_failed(now)
         failed = self._failed
         if failed is None:
             failed = self._failed = {}
-        now = self.runtime.now()
-        for n in [n for n, (_, _, exp) in failed.items() if exp < now]:
-            del failed[n]
         exp = now + self.config.max_rto_s
         for n, sent_at in (*pr.earlier, (pr.nonce, pr.sent_at)):
             failed[n] = (pr.handle, sent_at, exp)
+
+    def _expire_failed(self, now: float) -> None:
+        """Forget the pings of failed probes kept past their expiry."""
+        failed = self._failed
+        if failed:
+            for n in [n for n, (_, _, exp) in failed.items() if exp < now]:
+                del failed[n]
 
     def _close(self, pr: _Probe) -> None:
         """Forget ``pr``, which has its outcome (the caller runs its callbacks)."""
