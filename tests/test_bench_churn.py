@@ -247,3 +247,29 @@ def test_set_reaches_nested_configs_and_names_bad_ones() -> None:
     ):
         with pytest.raises(ConfigError, match=msg):
             _config([bad])
+
+
+def test_only_the_custody_notices_of_lookups_are_taken_out_of_control(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Oracle: every message sent, classified by the application of the RouteMsg a notice names.
+    Routed joins have notices too; those are control and must not be subtracted with the
+    lookups' (a count by message class could not tell them apart)."""
+    from overlay.kbr import HandedOff, RouteMsg
+    from sim_adapter.delivery import Delivery
+
+    app_of: dict[int, str] = {}
+    notices: Counter[str] = Counter()
+    send0 = Delivery._send
+
+    def send(self: Any, src: int, dst: Any, msg: Any) -> None:
+        if type(msg) is RouteMsg:
+            app_of[msg.msg_id] = msg.app
+        elif type(msg) is HandedOff:
+            notices[app_of[msg.msg_id]] += 1
+        send0(self, src, dst, msg)
+
+    monkeypatch.setattr(Delivery, "_send", send)
+    r = churn.run(args(overlay="pastry", loss=0.01))
+    assert r["lookup_notices"] == notices[churn.CHURN_APP] > 0
+    assert sum(notices.values()) > notices[churn.CHURN_APP]  # joins' notices exist here

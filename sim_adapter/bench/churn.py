@@ -35,10 +35,10 @@ built (oracle build by default, so the start is a settled ring), then churn runs
   its path; the events of each incorrect or lost lookup are written to FILE as JSON lines.
 * **Control traffic** per window of ``--sample-s``: every message sent minus the lookups' own
   (one RouteMsg and one RouteAck per hop, from the lookup application's ``forward`` upcalls,
-  and every custody notice, ``HandedOff``: one per hop that handed a message on), per active
-  node per second. It includes joins, maintenance, repairs, hop retransmits and the probes of
-  hops whose notice was late. (The notices of join routes, about one per join hop, are taken
-  out with the lookups': counted by class, they cannot be told apart.)
+  and the custody notices, ``HandedOff``, that name a lookup's message: the network's send is
+  wrapped to learn the lookups' message ids), per active node per second. It includes joins
+  (their routed messages' notices too), maintenance, repairs, hop retransmits and the probes
+  of hops whose notice was late.
 
 A benchmark, never a test: it reports its goals (>= 99.99% correct, no silent loss, control
 < 0.5 msg/s/node) and whether they were met.
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from overlay.errors import ConfigError
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
-from overlay.kbr import BaseApplication, HandedOff
+from overlay.kbr import BaseApplication, HandedOff, RouteMsg
 from sim_adapter import bench
 from sim_adapter.bench.churn_trace import TRY_STRIDE as _TRY_STRIDE
 from sim_adapter.network import Network, SimNode
@@ -142,8 +142,11 @@ class _ChurnRun:
         self.measuring = False
         self.hops_in_window = 0
         self.answers_in_window = 0
-        #: custody notices sent until the current window began (lookup traffic, not control)
+        #: custody notices of lookups' messages sent so far, and until the current window began
+        #: (lookup traffic, not control; :meth:`count_lookup_notices`)
+        self.lookup_notices = 0
         self.notices_mark = 0
+        self.lookup_mids: set[int] = set()
         self.c: dict[str, int] = dict.fromkeys(
             (
                 "launched",
@@ -178,6 +181,28 @@ class _ChurnRun:
         self.win_lost: Counter[int] = Counter()
         #: per-lookup event log (``--trace-lookups``), None when off
         self.tracer: LookupTracer | None = None
+
+    def count_lookup_notices(self) -> None:
+        """Wrap the network's send to count the custody notices that name a lookup's message.
+
+        A ``HandedOff`` names only a message id, so counting by class would also take the
+        notices of routed joins out of control traffic: the ids are learnt from the lookups'
+        own RouteMsgs as they are sent (the notice always follows its message).
+        """
+        net = self.net
+        orig = net._send
+        mids = self.lookup_mids
+
+        def send(src: int, dst: Any, msg: Any) -> None:
+            t = type(msg)
+            if t is RouteMsg:
+                if msg.app == CHURN_APP:
+                    mids.add(msg.msg_id)
+            elif t is HandedOff and msg.msg_id in mids:
+                self.lookup_notices += 1
+            orig(src, dst, msg)
+
+        net._send = send  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ population
     def attach(self, node: SimNode) -> None:
@@ -339,7 +364,7 @@ class _ChurnRun:
         dt = now - t_prev
         live = len(self.active)
         msgs = net.message_count - m_prev
-        notices = _notices(net)
+        notices = self.lookup_notices
         control = msgs - 2 * self.hops_in_window - self.answers_in_window
         control -= notices - self.notices_mark
         self.notices_mark = notices
@@ -364,11 +389,6 @@ class _ChurnRun:
         for i, w in enumerate(self.windows):
             w["correct"] = self.win_correct[i]
             w["lost"] = self.win_lost[i]
-
-
-def _notices(net: Network) -> int:
-    """Custody notices sent so far (``overlay/kbr_custody.py``)."""
-    return net.msg_by_type[HandedOff.__name__]
 
 
 def _read_trace(path: str) -> list[tuple[float, float]]:
@@ -415,6 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("need 1 <= --tries < 8 and --try-timeout-s > 0")
     net = Network(seed=args.seed, latency=make_latency(args.latency, args.seed), loss=args.loss)
     cr = _ChurnRun(args, net)
+    cr.count_lookup_notices()
     if getattr(args, "set", None):
         if args.overlay != "pastry":
             raise ConfigError("--set overrides PastryConfig fields: only with --overlay pastry")
@@ -471,7 +492,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stats0 = _node_stats(net)
         cr.hops_in_window = 0
         cr.answers_in_window = 0
-        cr.notices_mark = _notices(net)
+        cr.notices_mark = cr.lookup_notices
         steps = max(1, math.ceil(args.hours * 3600.0 / args.sample_s))
         for k in range(steps):
             net.run(min(args.sample_s, t0 + end_s - net.now))
@@ -541,6 +562,8 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "control_msgs_per_s_per_node_max": bench.r(max(control), 4) if control else None,
         "dropped_loss": net.dropped_loss,
         "dropped_dead": net.dropped_dead,
+        # custody notices naming a lookup's message, whole run (the rest are control)
+        "lookup_notices": cr.lookup_notices,
         "goal_correct": GOAL_CORRECT,
         "goal_control_msgs_per_s_per_node": GOAL_CONTROL,
         "meets_correct": bool(launched) and correct_frac >= GOAL_CORRECT,
