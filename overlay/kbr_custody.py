@@ -24,10 +24,13 @@ B's ack (:meth:`CustodyEngine._take_custody`), and B tells A once the message is
   message drops the copy as a duplicate, since it comes from farther back with fewer hops. It
   counts against the message's reroutes (``max_reroutes``) and keeps its hop count, so the
   usual bounds hold.
-* **B alive**: A keeps waiting, probing at doubling intervals, until ``custody_max_s`` after the
-  ack; then the copy is dropped (``custody_expired``) — B still has the message or dropped it
-  itself (hop limit, reroutes spent), and routing a second copy round a live B would only make
-  a duplicate.
+* **B alive**: A keeps the copy until ``custody_max_s`` after the ack; then it is dropped
+  (``custody_expired``) — B still has the message or dropped it itself (hop limit, reroutes
+  spent), and routing a second copy round a live B would only make a duplicate. A probes again
+  at doubling intervals only while B stays silent: once B is heard after a probe began (its
+  pong, or any message), the notice was most likely lost, and A waits for a DEAD verdict that
+  comes some other way (``custody_quiet``). At 5 % loss lost notices drew about half of all
+  custody probes, each copy probed ~3 times before it expired.
 * **Bounded memory**: at most ``custody_max`` copies per node (the oldest goes first, counted
   in ``custody_overflow``) and none older than ``custody_max_s``. The table is allocated on
   first use: a node that forwards nothing holds none (10^6 simulated nodes).
@@ -128,7 +131,8 @@ class CustodyEngine(HopEngine):
     def _custody_check(self, mid: int, hop: Hop) -> None:
         """No notice yet: reroute if ``hop.nh`` is dead, drop the copy past the time limit,
         else probe it (a DEAD verdict reroutes the copy, :meth:`custody_dead`) and look again
-        after twice as long."""
+        after twice as long — unless it was heard since the last probe began: then only
+        the time limit is armed."""
         held = self._custody
         if held is None or held.get(mid) is not hop or self.stopped:
             return
@@ -143,8 +147,21 @@ class CustodyEngine(HopEngine):
             del held[mid]
             self.stats["custody_expired"] += 1
             return
+        now = self.runtime.now()
+        if hop.attempt:
+            heard = prox.last_heard(hop.nh)
+            if heard is not None and heard >= hop.checked_at:
+                # It answered our probe (or spoke to us) after its notice was due: alive, so the
+                # notice was most likely lost. Probing it again and again until the copy
+                # expired cost ~3 pings and pongs per lost notice (at 5 % loss half of all
+                # custody probes). The copy stays until then, so a DEAD verdict reached any
+                # other way still routes it again.
+                self.stats["custody_quiet"] += 1
+                self._arm_check(mid, hop, left)
+                return
         self.stats["custody_probes"] += 1
         hop.attempt += 1
+        hop.checked_at = now
         self._arm_check(mid, hop, min(left, self._first_check_s(hop.nh) * 2**hop.attempt))
         prox.probe(hop.nh)
 

@@ -94,6 +94,7 @@ class Hop:
 
     __slots__ = (
         "attempt",
+        "checked_at",
         "exclude",
         "held",
         "msg",
@@ -122,6 +123,8 @@ class Hop:
         self.attempt = 0
         self.reroutes = 0
         self.sent_at = 0.0
+        #: when the last custody probe of ``nh`` began (``overlay/kbr_custody.py``)
+        self.checked_at = 0.0
         #: this node sent the message to ``nh`` before (a reroute or a retry came back to it):
         #: an ack may answer that earlier transmission, so it is no RTT sample (Karn's rule
         #: across transmissions; acks name only the message)

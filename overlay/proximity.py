@@ -376,6 +376,14 @@ class Proximity:
         r = self.peers.rows.get(h)
         return _opt(self.peers.cols[r * _WIDTH + _SRTT]) if r is not None else None
 
+    def last_heard(self, h: NodeHandle) -> float | None:
+        """When ``h`` was last heard from (runtime seconds), None if never or no state."""
+        r = self.peers.rows.get(h)
+        if r is None:
+            return None
+        t = self.peers.cols[r * _WIDTH + _LAST_HEARD]
+        return t if t >= 0.0 else None
+
     def rto(self, h: NodeHandle) -> float:
         """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
         r = self.peers.rows.get(h)

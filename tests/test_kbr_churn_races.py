@@ -477,7 +477,8 @@ def test_a_copy_whose_silent_holder_is_dead_is_rerouted_to_the_root(custody: boo
 def test_a_live_but_slow_holder_is_waited_for_and_no_copy_is_sent() -> None:
     # B's only way on, R, is cut off for 5 s: B retransmits to it until it acks (its probe
     # would take 15 s to declare it dead). S hears no notice meanwhile and probes B, which
-    # answers: S waits, and B's notice releases the copy. One delivery, at the root.
+    # answers: S waits without probing again, and B's notice releases the copy. One
+    # delivery, at the root.
     w, s, b, _x, r = _s_b_r()
     cut = [True]
     w.drop = lambda src, dst, m: cut[0] and dst == w.h(r)
@@ -489,18 +490,28 @@ def test_a_live_but_slow_holder_is_waited_for_and_no_copy_is_sent() -> None:
     w.advance(60.0)
     assert w.got == [(r, "k")]
     src = w.cores[s]
-    assert src.stats["custody_probes"] >= 2  # B was slow for longer than a check
+    # B was slow for longer than two checks: the first probed it, the second found it had
+    # answered since and probed no more
+    assert src.stats["custody_probes"] == 1 and src.stats["custody_quiet"] == 1
     assert src.stats["custody_released"] == 1
     assert src.stats["custody_rerouted"] == 0 and src.stats["custody_expired"] == 0
     assert not src.prox.is_dead(w.h(b)) and _custody(src) == {}
 
 
 def test_a_lost_notice_only_costs_probes_until_the_copy_expires() -> None:
-    # The root B delivered, but its notice to S was lost: S probes the live B at doubling
-    # intervals and drops its copy after ``custody_max_s``. No second copy, no duplicate.
+    # The root B delivered, but its notice to S was lost: S probes the live B once, hears its
+    # pong, and drops its copy after ``custody_max_s``. No second copy, no duplicate.
     w, s, b, _x, _r = _s_b_r()
     w.knows(b)  # B knows no node closer to the key: it is the root
-    w.drop = _once(lambda src, dst, m: isinstance(m, HandedOff))
+    lose_notice = _once(lambda src, dst, m: isinstance(m, HandedOff))
+    pings: list[Message] = []
+
+    def drop(src: NodeHandle, dst: NodeHandle, m: Message) -> bool:
+        if src == w.h(s) and dst == w.h(b) and type(m).__name__ == "Ping":
+            pings.append(m)
+        return lose_notice(src, dst, m)
+
+    w.drop = drop
     w.cores[s].route(NodeId(1000), "app", "k")
     w.pump()
     assert w.got == [(b, "k")]
@@ -508,7 +519,33 @@ def test_a_lost_notice_only_costs_probes_until_the_copy_expires() -> None:
     src = w.cores[s]
     assert w.got == [(b, "k")]
     assert src.stats["custody_expired"] == 1 and src.stats["custody_rerouted"] == 0
-    assert 2 <= src.stats["custody_probes"] <= 6 and _custody(src) == {}
+    assert src.stats["custody_probes"] == 1 and src.stats["custody_quiet"] == 1
+    assert _custody(src) == {}
+    assert len(pings) == 1  # one probe, never retransmitted: B answered
+
+
+def test_a_quiet_copy_is_rerouted_when_its_holder_is_found_dead_another_way() -> None:
+    # B answered S's custody probe (so S probes no more) while still retransmitting to the
+    # cut-off R, then crashed holding the message. A second lookup S sends by B times out, and
+    # that verdict on B routes both the new message and the quiet copy round B, by X to R.
+    w, s, b, _x, r = _s_b_r()
+    w.drop = lambda src, dst, m: dst == w.h(r) and src == w.h(b)
+    w.cores[s].route(NodeId(1000), "app", "k1")
+    w.pump()
+    w.advance(10.0)
+    src = w.cores[s]
+    assert src.stats["custody_probes"] == 1 and src.stats["custody_quiet"] == 1
+    assert w.got == [] and len(_custody(src)) == 1
+    w.cores[b].stop()
+    w.dead.add(b)
+    w.drop = lambda src, dst, m: False
+    w.cores[s].route(NodeId(1000), "app", "k2")
+    w.pump()
+    w.advance(60.0)
+    live = [i for i in w.cores if i not in w.dead]
+    assert min(live, key=lambda i: ring_distance(NodeId(i), NodeId(1000))) == r  # oracle
+    assert sorted(w.got) == [(r, "k1"), (r, "k2")]
+    assert src.stats["custody_rerouted"] == 1 and _custody(src) == {}
 
 
 def test_a_rerouted_copy_of_a_delivered_message_is_a_duplicate_at_the_root() -> None:
@@ -555,7 +592,8 @@ def test_the_churn_bench_traces_every_failed_lookup(tmp_path: Path) -> None:
     p = argparse.ArgumentParser()
     churn.register(p.add_subparsers())
     argv = ["churn", "--nodes", "80", "--session-min", "3", "--hours", "0.1", "--warmup-min", "2"]
-    argv += ["--sample-s", "120", "--lookup-rate", "0.05", "--loss", "0.05", "--seed", "3"]
+    # seed 5: one incorrect delivery and one lost lookup on this tree
+    argv += ["--sample-s", "120", "--lookup-rate", "0.05", "--loss", "0.05", "--seed", "5"]
     plain = churn.run(p.parse_args(argv))
     out = tmp_path / "trace.jsonl"
     traced = churn.run(p.parse_args([*argv, "--trace-lookups", str(out)]))
