@@ -140,6 +140,14 @@ class Application(Protocol):
 class BaseApplication:
     """Convenience base: forward unchanged, ignore updates; subclasses override ``deliver``."""
 
+    #: The sender of this application's routed messages retries end to end (it waits for an
+    #: answer, as a lookup or a join does): such messages get no custody copies or
+    #: ``HandedOff`` notices (``overlay/kbr_custody.py``), since the retry already recovers a
+    #: message lost with a crashed hop (the end-to-end argument, Saltzer, Reed & Clark 1984).
+    #: An application without the attribute is one-way (False). It must be the same on
+    #: every node, as the application's name is.
+    end_to_end: bool = False
+
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
         """Ignore the payload (subclasses override)."""
         return None
@@ -484,10 +492,13 @@ class KbrCore(CustodyEngine, abc.ABC):
         if name in self.apps:
             raise DuplicateApplicationError(f"application {name!r} is already registered")
         self.apps[name] = app
+        if getattr(app, "end_to_end", False):
+            self._end_to_end = self._end_to_end | {name}
 
     def unregister(self, name: str) -> None:
         """Remove the application registered under ``name``; a no-op if there is none."""
         self.apps.pop(name, None)
+        self._end_to_end = self._end_to_end - {name}
 
     def route(
         self,
@@ -587,7 +598,7 @@ class KbrCore(CustodyEngine, abc.ABC):
         if nh is None:
             self._record(msg, None)
             self.stats["delivered"] += 1
-            self._handed_on(prev, msg.msg_id)
+            self._handed_on(prev, msg)
             app.deliver(msg.key, msg.payload, msg.origin)
             return
         nh2 = app.forward(msg.key, msg.payload, nh)
@@ -597,7 +608,7 @@ class KbrCore(CustodyEngine, abc.ABC):
         if nh2 == self.handle:
             self._record(msg, None)
             self.stats["delivered"] += 1
-            self._handed_on(prev, msg.msg_id)
+            self._handed_on(prev, msg)
             app.deliver(msg.key, msg.payload, msg.origin)
             return
         resent = self._tried(msg, nh2)

@@ -36,6 +36,11 @@ B's ack (:meth:`CustodyEngine._take_custody`), and B tells A once the message is
   first use: a node that forwards nothing holds none (10^6 simulated nodes).
 
 A notice is lookup traffic (one per hop, like the ack), not maintenance.
+
+Only one-way messages need custody. An application whose sender retries end to end (a lookup
+answered to its asker, a join) says so (``BaseApplication.end_to_end``), and its messages get
+neither copies nor notices: the retry recovers a message lost with a hop, and custody would
+only add a notice per hop (live lookups: ~7 datagrams instead of ~5).
 """
 
 from __future__ import annotations
@@ -59,19 +64,24 @@ class CustodyEngine(HopEngine):
     #: custody copies by msg_id; a class-level None until a node first keeps one (no
     #: attribute at all on a node that never forwarded: 10^6 simulated nodes)
     _custody: dict[int, Hop] | None = None
+    #: names of the registered applications that retry end to end (``end_to_end``): their
+    #: messages get no custody (a class-level empty set until one registers)
+    _end_to_end: frozenset[str] = frozenset()
 
     def _notice(self, mid: int) -> Any:
         """The :class:`~overlay.kbr.HandedOff` notice for ``mid`` (KbrCore builds it)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the holder (B)
-    def _handed_on(self, prev: NodeHandle | None, mid: int) -> None:
-        """This node's next hop acked message ``mid``, or it delivered it: tell ``prev``, the
+    def _handed_on(self, prev: NodeHandle | None, msg: Any) -> None:
+        """This node's next hop acked RouteMsg ``msg``, or it delivered it: tell ``prev``, the
         node it had it from (which keeps a custody copy until it hears so)."""
         if prev is None or prev == self.handle or not self.kbr_config.custody:
             return
+        if msg.app in self._end_to_end:
+            return  # its sender retries end to end: no copy was kept
         self.stats["custody_notices_sent"] += 1
-        self.runtime.send(prev, self._notice(mid))
+        self.runtime.send(prev, self._notice(msg.msg_id))
 
     def _handed_on_before(self, src: NodeHandle, msg: Any) -> None:
         """A duplicate of ``msg`` came from ``src`` (acked again): if this node is done with it
@@ -87,7 +97,7 @@ class CustodyEngine(HopEngine):
         held = self._unready_held
         if held and (msg.origin.id, msg.msg_id) in held:
             return
-        self._handed_on(src, msg.msg_id)
+        self._handed_on(src, msg)
 
     # ------------------------------------------------------------------ the previous hop (A)
     def _take_custody(self, mid: int, hop: Hop) -> None:
@@ -95,6 +105,8 @@ class CustodyEngine(HopEngine):
         cfg = self.kbr_config
         if not cfg.custody or cfg.custody_max <= 0 or hop.notified:
             return
+        if hop.msg.app in self._end_to_end:
+            return  # its sender retries end to end (``BaseApplication.end_to_end``)
         held = self._custody
         if held is None:
             held = self._custody = {}

@@ -233,14 +233,14 @@ class HopEngine:
             # verdicts that no later exchange could correct.
             self.prox.sample(src, self.runtime.now() - hop.sent_at)
         held = hop.held
-        self._handed_on(hop.prev, mid)
+        self._handed_on(hop.prev, hop.msg)
         self._take_custody(mid, hop)
         if held is not None:  # the next hop took it on: the copy that came back looped
             self._route_loop(held[1], held[0])
 
     # custody hooks (``overlay/kbr_custody.py`` overrides them)
-    def _handed_on(self, prev: NodeHandle | None, mid: int) -> None:
-        """Message ``mid`` left this node safely (acked onwards, or delivered here)."""
+    def _handed_on(self, prev: NodeHandle | None, msg: Any) -> None:
+        """RouteMsg ``msg`` left this node safely (acked onwards, or delivered here)."""
         return None
 
     def _take_custody(self, mid: int, hop: Hop) -> None:

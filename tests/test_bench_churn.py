@@ -249,13 +249,16 @@ def test_set_reaches_nested_configs_and_names_bad_ones() -> None:
             _config([bad])
 
 
+@pytest.mark.parametrize("overlay", ["pastry", "smallworld"])
 def test_only_the_custody_notices_of_lookups_are_taken_out_of_control(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, overlay: str
 ) -> None:
     """Oracle: every message sent, classified by the application of the RouteMsg a notice names.
-    Routed joins have notices too; those are control and must not be subtracted with the
-    lookups' (a count by message class could not tell them apart)."""
+    The small-world ring's routed link requests have notices too; those are control and must
+    not be subtracted with the lookups' (a count by message class could not tell them apart).
+    Pastry's routed joins retry end to end and have none."""
     from overlay.kbr import HandedOff, RouteMsg
+    from overlay.pastry import JOIN_APP
     from sim_adapter.delivery import Delivery
 
     app_of: dict[int, str] = {}
@@ -270,6 +273,17 @@ def test_only_the_custody_notices_of_lookups_are_taken_out_of_control(
         send0(self, src, dst, msg)
 
     monkeypatch.setattr(Delivery, "_send", send)
-    r = churn.run(args(overlay="pastry", loss=0.01))
+    r = churn.run(args(overlay=overlay, loss=0.01))
     assert r["lookup_notices"] == notices[churn.CHURN_APP] > 0
-    assert sum(notices.values()) > notices[churn.CHURN_APP]  # joins' notices exist here
+    if overlay == "pastry":
+        assert JOIN_APP in app_of.values() and set(notices) == {churn.CHURN_APP}
+    else:
+        assert sum(notices.values()) > notices[churn.CHURN_APP]  # link requests' notices
+
+
+def test_request_response_lookups_get_no_custody() -> None:
+    # ``--tries`` measures what ``overlay.Node.lookup`` gets: its lookups retry end to end, and
+    # like the live lookup application they get no custody copies or notices
+    r = churn.run(args(overlay="pastry", tries=3))
+    assert r["lookup_notices"] == 0 and r["delivered"] > 50
+    assert r["node_stats_per_s_per_node"].get("custody_held", 0.0) == 0.0

@@ -608,3 +608,43 @@ def test_the_churn_bench_traces_every_failed_lookup(tmp_path: Path) -> None:
         kinds = {e[1] for e in d["events"]}
         assert "msg" in kinds and "step" in kinds
     assert KbrCore._step is _STEP and KbrCore._hop_timeout is _TIMEOUT  # wrappers removed
+
+
+class _Answered(BaseApplication):
+    """A request/response application: its sender retries end to end."""
+
+    end_to_end = True
+
+    def __init__(self, got: list[tuple[int, Any]], me: int) -> None:
+        self.got = got
+        self.me = me
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        self.got.append((self.me, payload))
+
+
+def test_an_end_to_end_application_gets_no_custody_and_a_one_way_one_does() -> None:
+    # The same route S -> B -> R, once for a one-way application and once for one whose
+    # sender retries end to end: notices and copies only for the one-way message.
+    w, s, b, _x, r = _s_b_r()
+    for i, c in w.cores.items():
+        c.register("ask", _Answered(w.got, i))
+    notices: list[int] = []
+
+    def count(src: NodeHandle, dst: NodeHandle, m: Message) -> bool:
+        if isinstance(m, HandedOff):
+            notices.append(m.msg_id)
+        return False
+
+    w.drop = count
+    w.cores[s].route(NodeId(1000), "ask", "q")
+    w.pump()
+    w.advance(10.0)
+    assert w.got == [(r, "q")] and notices == []
+    assert all(c.stats["custody_held"] == 0 for c in w.cores.values())
+    w.cores[s].route(NodeId(1000), "app", "k")
+    w.pump()
+    assert w.got == [(r, "q"), (r, "k")] and len(notices) == 2  # B to S, R to B
+    assert w.cores[s].stats["custody_held"] == 1 and w.cores[b].stats["custody_held"] == 1
+    w.cores[s].unregister("ask")
+    assert "ask" not in w.cores[s]._end_to_end

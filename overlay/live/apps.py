@@ -116,6 +116,10 @@ class Endpoint:
 class LookupApp:
     """Built-in application answering ``LookupRequest``s on the responsible node."""
 
+    #: the asker waits for the answer and tries again (``Node.lookup``): no custody copies or
+    #: notices on the way (``overlay/kbr_custody.py``)
+    end_to_end = True
+
     def __init__(self, node: NodeHost) -> None:
         self.node = node
 

@@ -114,6 +114,10 @@ _ROWS_WANTED = (JoinState.JOINING, JoinState.PROBING, JoinState.READY)
 class _JoinApp(BaseApplication):
     """KBR application that carries the routed leg of joins on existing nodes."""
 
+    #: a joiner whose routed join is lost tries again after ``join_timeout_s`` (and a row walk
+    #: is best effort): no custody copies or notices for these messages
+    end_to_end = True
+
     def __init__(self, core: PastryHost, joiner: JoinProtocol) -> None:
         self.core = core
         self.joiner = joiner

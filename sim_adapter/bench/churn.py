@@ -126,6 +126,13 @@ class _Probe(BaseApplication):
         return next_hop
 
 
+class _AnsweredProbe(_Probe):
+    """The measuring application of request/response runs (``--tries`` > 1)."""
+
+    __slots__ = ()
+    end_to_end = True
+
+
 class _ChurnRun:
     """State of one churn run: the population, the lookups in flight, the counters."""
 
@@ -206,7 +213,10 @@ class _ChurnRun:
 
     # ------------------------------------------------------------------ population
     def attach(self, node: SimNode) -> None:
-        node.core.register(CHURN_APP, _Probe(self, node))
+        # request/response lookups retry end to end, as ``overlay.Node.lookup`` does: like its
+        # lookup application, no custody for them
+        app = _AnsweredProbe if self.args.tries > 1 else _Probe
+        node.core.register(CHURN_APP, app(self, node))
 
     def activate(self, node: SimNode) -> None:
         if node.alive and node.index not in self.pos:
