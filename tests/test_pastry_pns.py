@@ -20,7 +20,7 @@ import pytest
 from overlay import NodeHandle, NodeId
 from overlay.errors import ConfigError
 from overlay.handle import Address
-from overlay.ids import RING
+from overlay.ids import RING, shared_prefix_len
 from overlay.pastry import PastryConfig, PastryCore, table_quality
 from overlay.pastry.messages import (
     JoinReply,
@@ -366,3 +366,25 @@ def test_wild_hint_values_read_as_unknown_or_clamped() -> None:
 
     got = check_hints((math.nan, -1.0, math.inf, 0.25, 3), 5)
     assert got == (-1.0, -1.0, MAX_HINT_S, 0.25, 3.0)
+
+
+def test_row_swaps_skip_only_rows_whose_every_candidate_is_a_leaf_set_member() -> None:
+    # Oracle: every live node sharing at least r digits with a node (so every candidate for its
+    # rows r and deeper) is in its leaf set, for each r from where the swaps stop.
+    net = _ring(300, "joins", quiet_s=60.0)
+    cores = [x.core for x in net.live_nodes()]
+    b = cores[0].config.b_bits
+    skipped = 0
+    for c in cores:
+        deep = c.tables.first_row_in_leaf_range()
+        assert 0 < deep <= c.table.nrows
+        members = set(c.leaf.members)
+        for o in cores:
+            if o is not c and shared_prefix_len(o.id, c.id, b) >= deep:
+                assert o.handle in members
+        skipped += any(r >= deep for r in c.table.populated_rows())
+    # N = 300: most nodes' row 2 (class of ~1.2 nodes) lies within the leaf set's range
+    assert skipped > len(cores) // 2
+    before = sum(c.stats["row_swaps_in_leaf_range"] for c in cores)
+    net.run(700.0)  # past one row-exchange period
+    assert sum(c.stats["row_swaps_in_leaf_range"] for c in cores) > before

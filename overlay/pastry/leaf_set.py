@@ -88,6 +88,14 @@ class LeafSet:
         d = (key - self.oid) % RING
         return d == 0 or d <= self._cwmax or RING - d <= self._ccwmax
 
+    def covers_block(self, lo: int, hi: int) -> bool:
+        """Is the whole id block ``lo <= id <= hi`` (one that holds the owner: an aligned
+        prefix class) within the arc ccw-extreme → owner → cw-extreme?"""
+        if self.covers_ring:
+            return True
+        oid = self.oid
+        return lo <= oid <= hi and oid - lo <= self._ccwmax and hi - oid <= self._cwmax
+
     def closest(
         self, key: int, bad: Collection[NodeHandle], exclude: Collection[NodeHandle] | None
     ) -> NodeHandle | None:

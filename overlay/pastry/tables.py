@@ -43,7 +43,7 @@ import math
 from collections.abc import Collection, Sequence
 
 from overlay.handle import NodeHandle
-from overlay.ids import shared_prefix_len
+from overlay.ids import ID_BITS, shared_prefix_len
 from overlay.runtime import Timer
 
 from .host import PastryHost
@@ -273,7 +273,14 @@ class TableMaintenance:
         bad = core.prox.bad
         prox = core.prox
         k = cfg.row_exchange_nearest
+        deep = self.first_row_in_leaf_range()
         for r in core.table.populated_rows():
+            if r >= deep:
+                # every node that could fill this row is a leaf-set member already, known and
+                # watched through the leaf set: a swap could bring nothing new (N = 10^4: row
+                # 3 of most nodes, ~a quarter of the swaps)
+                core.stats["row_swaps_in_leaf_range"] += 1
+                continue
             row = core.table.row(r)
             ents = [h for h in row if h not in bad]
             if not ents:
@@ -292,6 +299,27 @@ class TableMaintenance:
             # FreePastry swaps rows: our row r goes with the request, so both sides learn
             msg = RowRequest(r, -1, tuple(row), core.hints(row), -1.0 if rtt is None else rtt)
             rt.send(peer, msg)
+
+    def first_row_in_leaf_range(self) -> int:
+        """The shallowest row ``r`` whose whole prefix class — every id sharing our first ``r``
+        digits, so every candidate for rows ``r`` and deeper — lies within the leaf set's range.
+
+        A correct leaf set holds every live node of that arc (Rowstron & Druschel 2001 §2.2),
+        so those rows hold leaf-set members only, chosen among candidates all known. With
+        ~N/16^r nodes in the class of row ``r`` and L = 16 members, that is from about
+        r = log16(N) - 0.5 on (N = 2 000: row 2; N = 10^4: row 3). ``nrows`` if none is.
+        """
+        core = self.core
+        leaf = core.leaf
+        b = self.cfg.b_bits
+        oid = int(core.id)
+        nrows = core.table.nrows
+        for r in range(nrows):
+            shift = ID_BITS - r * b
+            lo = (oid >> shift) << shift
+            if leaf.covers_block(lo, lo + (1 << shift) - 1):
+                return r
+        return nrows
 
     def _periodic_walk(self) -> None:
         """A row walk from one of our nearest entries (see :meth:`start_walk`)."""
