@@ -60,6 +60,22 @@ class SmallWorldConfig:
     #: 4-8 % more hops and more of them failed under churn (docs/smallworld.md, "Short
     #: sessions").
     shortcut_accept_fraction: float = attrs.field(default=0.0, validator=_at_least(0.0))
+    #: replace a dead own shortcut by a neighbour of it that the reply which made it named (the
+    #: node now closest to the same target, most likely), with a Link instead of a routed
+    #: request (``offers.py``). Off by default: under 5-minute sessions it and
+    #: ``inherit_shortcuts`` saved ~0.2 msg/s/node of routed requests, but those requests
+    #: detected crashes on the side, and without them a crashed near neighbour stayed in the
+    #: windows 1.2-1.4 s longer (measured, docs/smallworld.md "Short sessions").
+    reuse_shortcuts: bool = False
+    #: a joiner offers a Link to a neighbour of each own shortcut of the node that answered its
+    #: JOIN (its neighbour, so they lie at the joiner's log-uniform distances too) instead of
+    #: routing its own requests (``offers.py``). A neighbour, not the shortcut itself: one far
+    #: node linked from two adjacent ones spends two links on one region (more hops). Off by
+    #: default, as ``reuse_shortcuts``.
+    inherit_shortcuts: bool = False
+    #: an offered shortcut that does not acknowledge its Link within this long is forgotten (a
+    #: routed request replaces it on the next tick). Ours: a few RTTs on any latency model.
+    shortcut_offer_timeout_s: float = attrs.field(default=3.0, validator=_positive)
     #: the greedy TTL is max(ttl_min_hops, ceil((ln N̂) ** ttl_exponent)). Brunet uses
     #: (ln N)^3. The floor keeps tiny rings (N̂ < 10) routable.
     ttl_exponent: float = attrs.field(default=3.0, validator=_at_least(1.0))

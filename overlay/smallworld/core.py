@@ -31,7 +31,9 @@ Brunet's StructuredNode with its near and shortcut connection overlords):
 * **Routing under churn** (``routing.py``): a joining node holds what reaches it until it is
   ready, a second copy made by a lost ack is routed greedily again instead of as a loop, and
   messages in flight go to an avoided next hop that proves alive, or on from one declared
-  dead, at once.
+  dead, at once. A message retransmitted to a suspected next hop for want of any live one
+  closer to its key asks the nearest live node on that side for the nodes beyond the gap
+  (``exchange.ask_past_gap``) and goes through the first one linked.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ from overlay.handle import Address, NodeHandle
 from overlay.ids import NodeId
 from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
+from overlay.kbr_pending import Hop
 from overlay.runtime import Runtime, Timer
 from overlay.smallworld import exchange as _xch
 from overlay.smallworld import join as _join
 from overlay.smallworld import linking as _lnk
 from overlay.smallworld import maintenance as _mnt
+from overlay.smallworld import offers as _off
 from overlay.smallworld import routing as _rt
 from overlay.smallworld.config import SmallWorldConfig
 from overlay.smallworld.connections import ConnectionTable
@@ -72,7 +76,7 @@ from overlay.smallworld.messages import (
     NearReply,
     Unlink,
 )
-from overlay.smallworld.state import JoinState
+from overlay.smallworld.state import JoinState, Offers
 from overlay.smallworld.validate import (
     MalformedInput,
     check_handle,
@@ -116,9 +120,18 @@ class SmallWorldCore(KbrCore):
         #: pending push of a changed near window, and who left the window meanwhile
         self._push_timer: Timer | None = None
         self._push_extra: set[NodeHandle] | None = None
+        #: the near window as it was when the pending push was scheduled
+        self._push_before: tuple[NodeHandle, ...] | None = None
         #: tokens of our own shortcut requests still awaiting a reply (created on first use:
         #: a 10^6-node ring pays nothing for it until maintenance runs)
         self.shortcut_tokens: set[int] | None = None
+        #: shortcut candidates offered a Link, and the replacements of our own shortcuts
+        #: (``offers.py``; created on first use)
+        self.shortcut_offers: Offers | None = None
+        self.shortcut_alts: dict[NodeHandle, tuple[NodeHandle, ...]] | None = None
+        #: per side (True: clockwise), when a routed message that found no live way on last
+        #: asked past the gap (``exchange.ask_past_gap``; created on first use)
+        self.gap_asked: dict[bool, float] | None = None
         if not type(self).__dict__.get("_sw_handlers_installed", False):
             self._install_handlers()
 
@@ -159,8 +172,12 @@ class SmallWorldCore(KbrCore):
             self._push_timer.cancel()
             self._push_timer = None
         self._push_extra = None
+        self._push_before = None
         self.proposed = None
         self.list_stamps = None
+        self.shortcut_offers = None
+        self.shortcut_alts = None
+        self.gap_asked = None
         if self.join_state is not None:
             _join.cancel(self)
 
@@ -325,6 +342,8 @@ class SmallWorldCore(KbrCore):
         if was_near:
             _mnt.near_lost(self, h, side_id, side)
         if was_out and self.ready:
+            if self.config.reuse_shortcuts:
+                _off.replace_from_alternates(self, h)
             _mnt.check_shortcuts(self)
         _mnt.check_isolated(self)
 
@@ -333,6 +352,35 @@ class SmallWorldCore(KbrCore):
         engine then sends it the messages that avoid it only because it was silent)."""
         if h not in self.table and self.table.fits_near(h.id, self.prox.bad):
             self.link(h, NEAR)
+
+    def _hop_timeout(self, mid: int, hop: Hop) -> None:
+        """The engine's hop timeout; then, if the message is still waiting on the same next hop
+        (retransmitted: no live connection is closer to its key, only that suspected one), ask
+        for the nodes beyond it on that side now (``exchange.ask_past_gap``)."""
+        super()._hop_timeout(mid, hop)
+        if self._pending.get(mid) is hop and self.ready and not self.stopped:
+            _xch.ask_past_gap(self, hop.msg.key)
+
+    def _reroute_past_suspected(self) -> None:
+        """A connection was added: each message retransmitted to a suspected next hop for want
+        of another way on goes through the new one now if it is closer to the key, instead of
+        waiting for that hop's verdict (and, if it is dead, being delivered here in its place:
+        the ``root_unknown`` deliveries under 5-minute sessions, docs/smallworld.md)."""
+        bad = self.prox.bad
+        pending = self._pending
+        if not bad or not pending:
+            return
+        for mid, hop in [(m, x) for m, x in pending.items() if x.nh in bad]:
+            if pending.get(mid) is not hop:
+                continue
+            exclude = set(hop.exclude) if hop.exclude else set()
+            exclude.add(hop.nh)
+            if self.next_hop(hop.msg.key, exclude) is None:
+                continue
+            if hop.timer is not None:
+                hop.timer.cancel()
+            self.stats["reroutes_past_suspected"] += 1
+            super()._hop_timeout(mid, hop)
 
     # ------------------------------------------------------------------ connection changes
     def ensure_link_app(self) -> None:
@@ -351,6 +399,7 @@ class SmallWorldCore(KbrCore):
         """React to near-window changes since ``before``: KBR ``update`` upcalls, and a push of
         the new window to the near neighbours (and to those that left it, if alive: they learn
         who displaced them)."""
+        self._reroute_past_suspected()
         after = self.table.near_nodes()
         if after == before:
             return
@@ -363,11 +412,13 @@ class SmallWorldCore(KbrCore):
                 self.notify_update(h, True)
         if self.ready:
             _xch.probe_stale(self, new)
-        self._schedule_push(gone)
+        self._schedule_push(gone, before)
 
-    def _schedule_push(self, gone: Sequence[NodeHandle]) -> None:
+    def _schedule_push(self, gone: Sequence[NodeHandle], before: tuple[NodeHandle, ...]) -> None:
         if self.stopped:
             return
+        if self._push_timer is None:
+            self._push_before = before
         bad = self.prox.bad
         extra = [h for h in gone if h not in bad]
         if extra:
@@ -382,11 +433,12 @@ class SmallWorldCore(KbrCore):
     def _push_window(self) -> None:
         self._push_timer = None
         extra = self._push_extra
-        self._push_extra = None
+        before = self._push_before
+        self._push_extra = self._push_before = None
         if self.stopped:
             return
         self.stats["near_pushes"] += 1
-        _xch.push_near(self, extra)
+        _xch.push_near(self, extra, before=before)
 
     def link(self, h: NodeHandle, kind: int, token: int = 0) -> bool:
         """Add ``h`` as a connection, tell it (Link), trim what it pushed out. False if known."""
@@ -401,9 +453,17 @@ class SmallWorldCore(KbrCore):
         return True
 
     def trim_near(self) -> None:
-        """Drop surplus connections (outside the near window, no shortcut role)."""
-        for h in self.table.surplus(self.prox.bad):
-            self.drop(h, NEAR)
+        """Drop surplus connections (outside the near window, no shortcut role), without an
+        Unlink: it would change nothing at the far end. A surplus connection is a near one
+        on neither side's shortcut list, pushed out of our window by nodes between us and it;
+        the far end either holds us in its own window still (it has not heard of those nodes
+        yet, and an Unlink leaves a needed connection alone) or has dropped us itself when it
+        linked them. Under 5-minute sessions these Unlinks were 0.04 msg/s/node."""
+        t = self.table
+        for h in t.surplus(self.prox.bad):
+            if t.remove(h):
+                self.stats["links_trimmed"] += 1
+                self.prox.forget(h)
 
     def drop(self, h: NodeHandle, kind: int) -> None:
         """Remove ``h`` from the table, tell it (Unlink), forget its liveness state."""
@@ -456,7 +516,8 @@ class SmallWorldCore(KbrCore):
     # ------------------------------------------------------------------ handlers
     def _on_connect_reply(self, src: NodeHandle, m: ConnectReply) -> None:
         responder = check_handle(m.responder)
-        nodes = _xch.check_nodes(m.nodes, self.config.max_reply_nodes)
+        cap = self.config.max_reply_nodes
+        nodes = _xch.check_nodes(m.nodes, cap)
         token = check_int(m.token)
         if m.kind not in KINDS:
             raise MalformedInput(f"unknown connect kind {m.kind!r}")
@@ -472,13 +533,13 @@ class SmallWorldCore(KbrCore):
                 self.stats["connect_reply_unsolicited"] += 1
                 return
             pending.discard(token)
-            self._on_shortcut_reply(src, token)
+            self._on_shortcut_reply(src, nodes)
         elif m.kind == JOIN:
-            _join.on_reply(self, src, nodes, token)
+            _join.on_reply(self, src, nodes, token, _xch.check_nodes(m.shortcuts, cap))
         else:  # we never route NEAR connect requests: such a reply answers nothing of ours
             self.stats["connect_reply_unsolicited"] += 1
 
-    def _on_shortcut_reply(self, r: NodeHandle, token: int) -> None:
+    def _on_shortcut_reply(self, r: NodeHandle, alts: tuple[NodeHandle, ...]) -> None:
         self.shortcut_pending = max(0, self.shortcut_pending - 1)
         t = self.table
         if r.id == self.id or r in t.out:
@@ -494,8 +555,48 @@ class SmallWorldCore(KbrCore):
             return
         before = self._near_snapshot()
         t.add_out(r)
-        self.runtime.send(r, Link(SHORTCUT, token))  # r records us as its in-connection
+        self._heard_at_link(r)
+        # r records us as its in-connection; token 0: r just answered us, no ack needed
+        self.runtime.send(r, Link(SHORTCUT, 0))
         self.stats["shortcuts_made"] += 1
+        if self.config.reuse_shortcuts:
+            _off.remember_alternates(self, r, alts)
+        self._near_changed(before)
+
+    def _heard_at_link(self, h: NodeHandle) -> None:
+        """A shortcut was just made with a message from ``h``: start its liveness record now.
+
+        Without a record, hearing a peer updates nothing (the proximity table keeps no state
+        for passers-by), so a new shortcut counted as silent since our start and both ends
+        pinged it on their next tick: two pings and two pongs per shortcut made, which under
+        5-minute sessions was a fifth of the probes. A shortcut needs no RTT sample up front
+        (its failure costs a reroute, not a wrong delivery): its first keep-alive ping after
+        ``shortcut_idle_ping_s`` of silence measures it. Near connections are still pinged at
+        once (``maintenance.ping_idle``): their probe timeout bounds failure detection."""
+        prox = self.prox
+        if h not in prox.peers:
+            prox.peers.add(h)
+        prox.heard(h)
+
+    def _adopt_shortcut(self, h: NodeHandle, alts: tuple[NodeHandle, ...]) -> None:
+        """An offered shortcut acknowledged our Link (so it holds us as an incoming one): keep it
+        as an own shortcut unless it now fits the near window or we have enough."""
+        t = self.table
+        bad = self.prox.bad
+        if h in t.out:
+            return
+        if h in bad or (h not in t and t.fits_near(h.id, bad)) or t.is_near(h):
+            self.runtime.send(h, Unlink(SHORTCUT))
+            return
+        want = desired_shortcuts(t.n_hat, self.config)
+        if len(t.effective_out()) >= want:
+            self.runtime.send(h, Unlink(SHORTCUT))
+            return
+        before = self._near_snapshot()
+        t.add_out(h)
+        self._heard_at_link(h)
+        self.stats["shortcuts_taken_over"] += 1
+        _off.remember_alternates(self, h, alts)
         self._near_changed(before)
 
     def _on_join_request(self, src: NodeHandle, m: JoinRequest) -> None:
@@ -520,10 +621,13 @@ class SmallWorldCore(KbrCore):
             if src not in t.inc:
                 before = self._near_snapshot()
                 t.add_in(src)
+                self._heard_at_link(src)
                 self.stats["links_accepted"] += 1
                 self.trim_near()
                 self._near_changed(before)
-            return  # a shortcut link needs no ack: the origin already counts it
+            if token:  # an offer (offers.py): the origin adds us once we answer
+                self.runtime.send(src, LinkAck(token))
+            return  # a link made after our ConnectReply needs no ack: the origin counts it
         if src not in t:
             before = self._near_snapshot()
             t.add(src)
@@ -534,7 +638,10 @@ class SmallWorldCore(KbrCore):
 
     def _on_link_ack(self, src: NodeHandle, m: LinkAck) -> None:
         token = check_int(m.token)
-        if _xch.take_proposal(self, src, token):
+        alts = _off.take(self, src, token)
+        if alts is not None:
+            self._adopt_shortcut(src, alts)
+        elif _xch.take_proposal(self, src, token):
             self._adopt(src)
         elif self.join_state is not None:
             _join.on_link_ack(self, src, token)

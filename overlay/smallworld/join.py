@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 
 from overlay.errors import OverlayError
 from overlay.handle import Address, NodeHandle
-from overlay.smallworld import exchange, maintenance
+from overlay.smallworld import exchange, maintenance, offers
+from overlay.smallworld.estimate import desired_shortcuts
 from overlay.smallworld.messages import NEAR, JoinRequest
 from overlay.smallworld.state import JoinState, SmallWorldHost
 
@@ -99,9 +100,15 @@ def _timeout(core: SmallWorldHost, token: int) -> None:
 
 
 def on_reply(
-    core: SmallWorldHost, responder: NodeHandle, nodes: tuple[NodeHandle, ...], token: int
+    core: SmallWorldHost,
+    responder: NodeHandle,
+    nodes: tuple[NodeHandle, ...],
+    token: int,
+    shortcuts: tuple[NodeHandle, ...] = (),
 ) -> None:
-    """The routed JOIN request reached the node closest to our id."""
+    """The routed JOIN request reached the node closest to our id; ``shortcuts`` pairs a
+    neighbour of each of its own shortcuts with that shortcut: the neighbours are offered a Link
+    once we are ready (``offers.py``)."""
     st = core.join_state
     if st is None or st.linking or token != st.token:
         # Late, duplicate or forged: it answers no join of ours. Its node list is hearsay and
@@ -113,6 +120,7 @@ def on_reply(
     if st.timer is not None:
         st.timer.cancel()
     st.linking = True
+    st.inherit = shortcuts
     added = core.consider_near((responder, *nodes), token)
     st.pending = set(added)
     if not st.pending:
@@ -192,6 +200,15 @@ def _finish(core: SmallWorldHost, ok: bool) -> None:
         core.ready = True
         core.stats["joined"] += 1
         exchange.push_near(core)  # ask the new neighbours for the nodes we still miss
+        if st.inherit and core.config.inherit_shortcuts:
+            # (neighbour of a responder's shortcut, that shortcut) pairs, see linking.py
+            want = desired_shortcuts(core.table.n_hat, core.config)
+            left = want - len(core.table.effective_out())
+            inh = st.inherit
+            for cand in inh[::2]:
+                # (no replacement kept: the responder's own shortcut would be a second link
+                # of its node to our neighbourhood)
+                left -= offers.offer(core, (cand,), left)
         maintenance.check_shortcuts(core)
         if was_ready:
             _release(core, st)

@@ -18,7 +18,7 @@ from typing import Any
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.ids import ring_distance as _rd
-from overlay.smallworld.messages import KINDS, SHORTCUT, ConnectReply, ConnectRequest
+from overlay.smallworld.messages import JOIN, KINDS, SHORTCUT, ConnectReply, ConnectRequest
 from overlay.smallworld.state import SmallWorldHost
 from overlay.smallworld.validate import MalformedInput, check_handle, check_int
 
@@ -79,11 +79,27 @@ def on_connect_request(core: SmallWorldHost, p: object) -> None:
             core.stats["shortcut_attempt_wasted"] += 1
             core.shortcut_pending = max(0, core.shortcut_pending - 1)
         return
+    shortcuts: tuple[NodeHandle, ...] = ()
     if p.kind == SHORTCUT:
         # The origin in a routed request is unauthenticated: it becomes an in-connection
         # only once it links to us directly (its Link, signed by its own key on live nodes).
-        nodes: tuple[NodeHandle, ...] = ()
+        # Our neighbours closest to the target replace us there should we fail (offers.py).
+        nodes = core.closest_known(p.target, 2, origin.id, with_self=False)
     else:
         k = 2 * core.config.near_per_side + 2
         nodes = core.closest_known(p.target, k, origin.id, with_self=False)
-    core.runtime.send(origin, ConnectReply(core.handle, p.kind, token, nodes))
+        alts = core.shortcut_alts
+        if p.kind == JOIN and core.config.inherit_shortcuts and alts:
+            # The joiner will sit next to us: our own shortcuts are at its distances too. We
+            # name a neighbour of each (one its reply named), not the shortcut itself: two
+            # adjacent nodes linked to one far node make it spend two of its links on one
+            # region (measured: lookups took 5 % more hops).
+            # Pairs (neighbour, shortcut): the shortcut replaces the neighbour should it fail.
+            bad = core.prox.bad
+            shortcuts = tuple(
+                x
+                for h in core.table.effective_out()
+                if (a := alts.get(h)) and a[0] not in bad and a[0].id != origin.id
+                for x in (a[0], h)
+            )
+    core.runtime.send(origin, ConnectReply(core.handle, p.kind, token, nodes, shortcuts))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from overlay.handle import NodeHandle
 from overlay.ids import RING
-from overlay.smallworld import exchange
+from overlay.smallworld import exchange, offers
 from overlay.smallworld.estimate import desired_shortcuts, draw_shortcut_target, ttl_hops
 from overlay.smallworld.messages import (
     LEFT,
@@ -90,7 +90,7 @@ def check_shortcuts(core: SmallWorldHost) -> None:
     if core.shortcut_pending and now >= core.shortcut_deadline:
         core.shortcut_pending = 0
         core.shortcut_tokens = None  # late replies to expired requests are unsolicited
-    need = want - len(eff) - core.shortcut_pending
+    need = want - len(eff) - core.shortcut_pending - offers.live_offers(core, now)
     if need > 0:
         core.shortcut_deadline = now + cfg.connect_timeout_s
         rng = core.runtime.rng
@@ -199,7 +199,10 @@ def ping_idle(core: SmallWorldHost, now: float) -> None:
             limit = cfg.shortcut_idle_ping_s
             last = p.last_heard if p is not None else started - limit * i / n
             if now - last >= limit:
-                prox.probe(h)
+                # One retry, not two: a shortcut wrongly given up costs one replacement, never
+                # a wrong delivery, and most silent shortcuts under churn have failed (a
+                # lookup that finds one suspects it, which upgrades the probe to full strength).
+                prox.probe(h, hint=True)
             continue
         if p is None or now - p.last_heard >= limit:
             prox.probe(h)

@@ -85,6 +85,10 @@ class ConnectReply(Message):
     kind: int
     token: int
     nodes: tuple[NodeHandle, ...]
+    #: JOIN replies: for each of the responder's own shortcuts whose neighbours it knows, a
+    #: neighbour of it and the shortcut, in pairs — the joiner next to the responder may take
+    #: them over (``offers.py``); empty otherwise.
+    shortcuts: tuple[NodeHandle, ...] = ()
 
 
 @register(63)

@@ -25,7 +25,11 @@ from overlay.runtime import Runtime, Timer
 from overlay.smallworld.config import SmallWorldConfig
 from overlay.smallworld.connections import ConnectionTable
 
-__all__ = ["JoinState", "SmallWorldHost"]
+__all__ = ["JoinState", "Offers", "SmallWorldHost"]
+
+#: shortcut candidates sent a ``Link(SHORTCUT, token)``, awaiting its LinkAck: the token, the
+#: deadline and the nodes next to the candidate (its replacements once it is a shortcut)
+Offers = dict[NodeHandle, tuple[int, float, tuple[NodeHandle, ...]]]
 
 
 class JoinState:
@@ -34,6 +38,7 @@ class JoinState:
     __slots__ = (
         "attempt",
         "held",
+        "inherit",
         "linking",
         "offset",
         "on_done",
@@ -60,6 +65,8 @@ class JoinState:
         #: routed messages that reached us while our links were being acknowledged, handled
         #: once the join ends (created on first use)
         self.held: list[tuple[NodeHandle, RouteMsg]] | None = None
+        #: the JOIN responder's own shortcuts, offered a Link once we are ready (offers.py)
+        self.inherit: tuple[NodeHandle, ...] = ()
 
 
 class SmallWorldHost(Protocol):
@@ -92,6 +99,13 @@ class SmallWorldHost(Protocol):
     proposed: dict[NodeHandle, tuple[int, float]] | None
     #: per connection, the last NearList stamp it sent us and when it arrived (to echo it)
     list_stamps: dict[NodeHandle, tuple[float, float]] | None
+    #: shortcut candidates offered a Link (:data:`Offers`)
+    shortcut_offers: Offers | None
+    #: per own shortcut, the neighbours its reply named: its replacements should it fail
+    shortcut_alts: dict[NodeHandle, tuple[NodeHandle, ...]] | None
+    #: per side (True: clockwise), when a message that found no live way on last asked past
+    #: the gap (``exchange.ask_past_gap``)
+    gap_asked: dict[bool, float] | None
 
     def next_token(self) -> int:
         """A fresh token to match connection replies to requests."""
