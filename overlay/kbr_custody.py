@@ -154,12 +154,12 @@ class CustodyEngine(HopEngine):
             self._custody_reroute(mid, hop)
             return
         cfg = self.kbr_config
-        left = hop.sent_at + cfg.custody_max_s - self.runtime.now()
+        now = self.runtime.now()
+        left = hop.sent_at + cfg.custody_max_s - now
         if left <= 1e-9:
             del held[mid]
             self.stats["custody_expired"] += 1
             return
-        now = self.runtime.now()
         if hop.attempt:
             heard = prox.last_heard(hop.nh)
             if heard is not None and heard >= hop.checked_at:

@@ -424,9 +424,10 @@ class Proximity:
             f[o + _MIN_RTT] = rtt_s
         self._mark_alive(h, r)
 
-    def heard(self, h: NodeHandle) -> None:
-        """Any message from ``h`` is proof of life."""
-        r = self.peers.rows.get(h)
+    def heard(self, h: NodeHandle, start: bool = False) -> None:
+        """Any message from ``h`` is proof of life. ``start``: begin a record for ``h`` if we
+        hold none (a peer just made a connection of ours), rather than ignore it."""
+        r = self._peer(h) if start else self.peers.rows.get(h)
         if r is None:
             return  # do not allocate state for every passer-by; sample() or probe() will
         self._mark_alive(h, r)

@@ -573,10 +573,7 @@ class SmallWorldCore(KbrCore):
         (its failure costs a reroute, not a wrong delivery): its first keep-alive ping after
         ``shortcut_idle_ping_s`` of silence measures it. Near connections are still pinged at
         once (``maintenance.ping_idle``): their probe timeout bounds failure detection."""
-        prox = self.prox
-        if h not in prox.peers:
-            prox.peers.add(h)
-        prox.heard(h)
+        self.prox.heard(h, start=True)
 
     def _adopt_shortcut(self, h: NodeHandle, alts: tuple[NodeHandle, ...]) -> None:
         """An offered shortcut acknowledged our Link (so it holds us as an incoming one): keep it
