@@ -212,7 +212,52 @@ class HopEngine:
             return
         self.stats["reroutes"] += 1
         back = attrs.evolve(hop.msg, hops=hop.msg.hops - 1)
+        again = self._closer_excluded(back, exclude)
+        if again is not None:
+            # We would deliver here, yet we avoid a live node closer to the key: most often a
+            # root that sent the message back while it was joining, when we still had another
+            # way on that has failed since (traced: "root_excluded", the root active by then).
+            # It gets the message once more; a root still joining sends it back again, and the
+            # loop rule's retries take over (:meth:`_retry_bounced`).
+            exclude.discard(again)
+            self.stats["reroutes_to_excluded"] += 1
+            self._step(back, exclude, again, hop.reroutes + 1, hop.prev)
+            return
         self._step(back, exclude, None, hop.reroutes + 1, hop.prev)
+
+    def _closer_excluded(self, msg: Any, exclude: set[NodeHandle]) -> NodeHandle | None:
+        """The live node of ``exclude`` closest to ``msg``'s key, if routing would deliver
+        ``msg`` here without it and it is closer to the key than we are (None otherwise, or
+        once this message's ``retry_bounced_times`` retries are spent)."""
+        if self.kbr_config.retry_bounced_s <= 0 or self.next_hop(msg.key, exclude) is not None:
+            return None
+        key = msg.key
+        bad = self.prox.bad
+        best: NodeHandle | None = None
+        for h in exclude:
+            if h in bad or not closer(key, h.id, self.id):
+                continue
+            if best is None or closer(key, h.id, best.id):
+                best = h
+        if best is None or self._take_retry(msg) is None:
+            return None
+        return best
+
+    def _take_retry(self, msg: Any) -> int | None:
+        """Spend one of ``msg``'s ``retry_bounced_times`` retries of a node that sent it back:
+        how many it had spent before, or None if none is left."""
+        k = (msg.origin.id, msg.msg_id)
+        done = self._bounce_retried
+        if done is None:
+            done = self._bounce_retried = OrderedDict()
+        n = done.get(k, 0)
+        if n >= self.kbr_config.retry_bounced_times:
+            return None
+        done[k] = n + 1
+        done.move_to_end(k)
+        if len(done) > self.kbr_config.dedupe_window:
+            done.popitem(last=False)
+        return n
 
     def _unpend(self, mid: int, hop: Hop) -> None:
         del self._pending[mid]
@@ -353,17 +398,9 @@ class HopEngine:
         key = msg.key
         if not closer(key, src.id, self.id) or self.next_hop(key, set(tried)) is not None:
             return False
-        k = (msg.origin.id, msg.msg_id)
-        done = self._bounce_retried
-        if done is None:
-            done = self._bounce_retried = OrderedDict()
-        n = done.get(k, 0)
-        if n >= self.kbr_config.retry_bounced_times:
+        n = self._take_retry(msg)
+        if n is None:
             return False
-        done[k] = n + 1
-        done.move_to_end(k)
-        if len(done) > self.kbr_config.dedupe_window:
-            done.popitem(last=False)
         self.stats["bounced_retried"] += 1
         self.runtime.call_later(wait * 2**n, lambda: self._retry_send(msg, src))
         return True

@@ -89,6 +89,14 @@ class ProximityConfig:
     #: retransmissions to dead candidates; a probe shared with a full-strength caller keeps
     #: the full count. Never more than ``probe_retries``.
     hint_probe_retries: int = 1
+    #: retransmissions for a probe of a routing-table *candidate* outside the leaf set's range
+    #: (proximity neighbour selection: is it nearer than what we hold?). Ours: 0. Such a probe
+    #: only decides whether a node we can do without enters a slot; an unanswered one costs that
+    #: candidate (its DEAD verdict is not spread: it is in none of our tables) and the slot
+    #: keeps its occupant or waits for the next candidate. Leaf-set candidates and accusations
+    #: keep ``hint_probe_retries``, as a false verdict there would hold a live node out of a
+    #: leaf set. Never more than ``hint_probe_retries``.
+    candidate_probe_retries: int = 0
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
     #: a live peer no table references is forgotten after this long unreferenced (ours: long
@@ -545,7 +553,11 @@ class Proximity:
 
     # ------------------------------------------------------------------ probing
     def probe(
-        self, h: NodeHandle, callback: ProbeCallback | None = None, hint: bool = False
+        self,
+        h: NodeHandle,
+        callback: ProbeCallback | None = None,
+        hint: bool = False,
+        candidate: bool = False,
     ) -> None:
         """Ping ``h``; ``callback(rtt_s)`` on the pong, ``callback(None)`` once it is DEAD.
         A probe whose ping or pong is lost ends as answered, without retransmission, if any
@@ -554,14 +566,20 @@ class Proximity:
 
         At most one probe per peer is in flight; further callers share its outcome. ``hint``:
         ``h`` is a candidate or accused peer, not one we rely on — retransmit only
-        ``hint_probe_retries`` times (unless a full-strength caller shares the probe).
+        ``hint_probe_retries`` times (unless a full-strength caller shares the probe);
+        ``candidate``: a routing-table candidate we can do without, ``candidate_probe_retries``.
         """
         if h == self.owner:
             if callback is not None:
                 callback(0.0)
             return
         c = self.config
-        retries = min(c.hint_probe_retries, c.probe_retries) if hint else c.probe_retries
+        if candidate:
+            retries = min(c.candidate_probe_retries, c.hint_probe_retries, c.probe_retries)
+        elif hint:
+            retries = min(c.hint_probe_retries, c.probe_retries)
+        else:
+            retries = c.probe_retries
         pr = self._probes.get(h)
         if pr is None:
             pr = self._send_probe(h, attempt=0, retries=retries)

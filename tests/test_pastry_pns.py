@@ -388,3 +388,25 @@ def test_row_swaps_skip_only_rows_whose_every_candidate_is_a_leaf_set_member() -
     before = sum(c.stats["row_swaps_in_leaf_range"] for c in cores)
     net.run(700.0)  # past one row-exchange period
     assert sum(c.stats["row_swaps_in_leaf_range"] for c in cores) > before
+
+
+def test_a_candidate_probe_retransmits_only_inside_the_leaf_sets_range() -> None:
+    """A routing-table candidate outside the leaf set's range gets one ping (no
+    retransmission); one that would enter the leaf set keeps the hint probe's retransmission,
+    as a false verdict on it would hold a live member out of the leaf set."""
+    rt, core = _core()
+    base = 0x10 << 152
+    for k in range(1, 9):  # a full leaf set: 8 members each side, 2^20 apart
+        core.add_leaf(_h(base + (k << 20), 100 + k))
+        core.add_leaf(_h(base - (k << 20), 200 + k))
+    assert len(core.leaf) == 16
+    far = _h(0x21 << 152, 3)
+    inside = _h(base + (3 << 19), 4)  # between the members at 2^20 and 2^21
+    assert not core.leaf.fits(far.id) and core.leaf.fits(inside.id)
+    core.probe_candidate(far)
+    core.probe_candidate(inside)
+    rt.advance(60.0)
+    pings = [d for d, _ in _pings(rt)]
+    assert pings.count(far) == 1 + core.prox.config.candidate_probe_retries == 1
+    assert pings.count(inside) == 1 + core.prox.config.hint_probe_retries == 2
+    assert core.prox.is_dead(far) and core.prox.is_dead(inside)

@@ -118,3 +118,30 @@ def test_a_reply_while_two_requests_were_outstanding_is_no_sample() -> None:
     assert core.prox.rtt(peer) is None
     assert core.stats["row_reply_rtt_samples"] == 0
     assert core.stats["row_reply_unsolicited"] == 0  # still bound to our request
+
+
+def test_a_slot_refilled_from_measured_peers_asks_no_one() -> None:
+    """R[1][5] (empty in ``_ready``): with measured live peers that belong there, the nearest
+    of them (brute force over every peer we measured) fills it and no row request goes out;
+    with none, an entry is asked for its R[1][5] (R&D §2.5)."""
+    rt, core, _ = _ready(PastryConfig())
+    cands = [_h(0x15 << 152 | 0x55 << 140 | i, 300 + i) for i in range(3)]
+    for i, h in enumerate(cands):
+        core.prox.sample(h, 0.030 - 0.010 * i)
+    dead = _h(0x15 << 152 | 0x66 << 140, 400)
+    core.prox.sample(dead, 0.001)
+    core.prox.declare_dead(dead)  # nearer, but dead: never a refill
+    best = min(
+        (h for h in core.prox.peers if core.table.slot_of(h.id) == (1, 5)),
+        key=lambda h: (core.prox.is_dead(h), core.prox.rtt(h)),
+    )
+    core.tables.repair_slot(1, 5)
+    assert core.table.get(1, 5) == best == cands[2]
+    assert not [m for _, m in _sent(rt) if isinstance(m, RowRequest)]
+    assert core.stats["slot_refills_local"] == 1 and core.stats["slot_repairs"] == 0
+
+    rt, core, _ = _ready(PastryConfig())
+    core.tables.repair_slot(1, 5)
+    assert core.table.get(1, 5) is None
+    assert [m for _, m in _sent(rt) if isinstance(m, RowRequest)] == [RowRequest(1, 5)]
+    assert core.stats["slot_repairs"] == 1

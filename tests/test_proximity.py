@@ -96,6 +96,26 @@ def test_a_hint_probe_retransmits_less_unless_a_full_caller_shares_it() -> None:
     assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
 
 
+def test_a_candidate_probe_is_one_ping_unless_a_stronger_caller_shares_it() -> None:
+    """A routing-table candidate's probe is ``1 + candidate_probe_retries`` pings (one, by
+    default); a hint or full caller joining it in flight raises its count."""
+    rt, p, dead = make()
+    got: list[float | None] = []
+    p.probe(PEER, got.append, hint=True, candidate=True)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.candidate_probe_retries == 1
+    assert got == [None]
+
+    rt, p, dead = make()
+    p.probe(PEER, hint=True, candidate=True)
+    p.probe(PEER, hint=True)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.hint_probe_retries
+
+    rt, p, dead = make()
+    p.probe(PEER, hint=True, candidate=True)
+    p.probe(PEER)
+    assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
+
+
 def test_a_peer_heard_from_after_its_probe_began_is_not_declared_dead() -> None:
     """Its pong lost, the peer spoke to us (any message) before the probe timed out: the probe
     ends as answered at that timeout, without a retransmission, and no DEAD verdict follows;

@@ -31,7 +31,7 @@ from typing import ClassVar
 from overlay.handle import Address, NodeHandle
 from overlay.ids import HALF_RING, ID_BITS, RING, NodeId, is_between, ring_distance
 from overlay.kbr import KbrCore
-from overlay.proximity import Liveness
+from overlay.proximity import Liveness, ProbeCallback
 from overlay.runtime import Runtime
 
 from .config import PastryConfig
@@ -341,7 +341,7 @@ class PastryCore(KbrCore):
         if e is None:
             table.put(row, col, h)
             if probe and prox.rtt(h) is None:
-                prox.probe(h, hint=True)
+                self.probe_candidate(h)
                 return True
             return False
         if e == h:
@@ -352,7 +352,7 @@ class PastryCore(KbrCore):
         rh = prox.rtt(h)
         if rh is None:
             if probe:
-                prox.probe(h, self._pns_cb(h), hint=True)
+                self.probe_candidate(h, self._pns_cb(h))
                 return True
             return False
         re = prox.rtt(e)
@@ -365,6 +365,13 @@ class PastryCore(KbrCore):
             table.put(row, col, h)
             self.stats["pns_replacements"] += 1
         return False
+
+    def probe_candidate(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
+        """Probe ``h``, a routing-table candidate (PNS): one ping, no retransmission, when ``h``
+        is outside the leaf set's range (``ProximityConfig.candidate_probe_retries``); a node
+        that would enter the leaf set keeps the hint probe's retransmission, since a false
+        verdict on it would hold a live member out of the leaf set."""
+        self.prox.probe(h, callback, hint=True, candidate=not self.leaf.fits(h.id))
 
     def hints(self, entries: Iterable[NodeHandle]) -> tuple[float, ...]:
         """Our measured minimum RTT to each of ``entries`` (-1 = never measured): the RTT hints
@@ -439,10 +446,10 @@ class PastryCore(KbrCore):
                     if rh is None and probes < budget and hi > near and h not in spare:
                         # measured now, so later candidates can be compared (not when its
                         # hints put it near enough: none would contest it)
-                        prox.probe(h, hint=True)
+                        self.probe_candidate(h)
                         probes += 1
                 elif probes < budget and h not in spare:
-                    prox.probe(h, self._pns_cb(h), hint=True)
+                    self.probe_candidate(h, self._pns_cb(h))
                     probes += 1
                 continue
             if e in bad and h not in bad:
@@ -461,7 +468,7 @@ class PastryCore(KbrCore):
                 prox.probe(e, cb)
                 probes += 1
             if rh is None and probes < budget and h not in spare:
-                prox.probe(h, cb, hint=True)
+                self.probe_candidate(h, cb)
                 probes += 1
         if probes:
             self.stats["pns_hinted_probes"] += probes

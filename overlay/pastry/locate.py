@@ -190,7 +190,9 @@ class NearbyLocator:
             started += 1
             self._pending.add(h)
             core.stats["join_locate_probes"] += 1
-            prox.probe(h, self._pong_cb(h, rnd), hint=True)
+            # one ping (ProximityConfig.candidate_probe_retries): a candidate of rows 0-2, not
+            # a node we rely on; a lost ping costs this round one candidate, not the walk
+            prox.probe(h, self._pong_cb(h, rnd), hint=True, candidate=True)
         if not self._pending:
             cands.clear()
             self._step(rnd)

@@ -235,6 +235,14 @@ async def _worker(
         cpu_boot = time.process_time() - c0
         boot_dgrams = sent_total()
         boot_kinds = dict(kinds)
+        boot_stats: Counter[str] = Counter()
+        if by_type:
+            from sim_adapter.bench.pastry import JOIN_STATS
+
+            for nd in nodes:
+                core = nd.running_core
+                if core is not None:
+                    boot_stats.update({k: core.stats.get(k, 0) for k in JOIN_STATS})
         await trio.sleep(0.5)
         gc.collect()
         rss_boot = _rss_kib()
@@ -341,6 +349,10 @@ async def _worker(
                     for k, v in sorted(boot_kinds.items(), key=lambda kv: -kv[1])
                 },
                 "idle_datagrams_by_type_per_node_per_s": idle_kinds,
+                # where the probes come from (the Pastry core's counters, as bench pastry --slots)
+                "bringup_counters_per_join": {
+                    k: round(v / max(1, n - 1), 2) for k, v in boot_stats.items() if v
+                },
             }
             if by_type
             else {}
