@@ -48,7 +48,11 @@ per (origin, msg_id), the hop count at which it handled a message and the next h
   key returned the message sends it there again after ``retry_bounced_s``, doubling the wait,
   up to ``retry_bounced_times`` (:meth:`HopEngine._retry_bounced`). Unlike a hold at the joiner
   it keeps the message at a node that is already active, so a join that fails loses nothing:
-  the last return is delivered here as before.
+  the last return is delivered here as before. And a reroute that would deliver here while
+  it excludes a live node closer to the key sends the message to that node once more, from the
+  same retries (traced: the joining root sent it back while this node still had another way
+  on, the crashed old root; that one's verdict came once the root was active, and this node
+  delivered in its place, "root_excluded"; :meth:`HopEngine._closer_excluded`).
 
 What happens after the ack — the custody copy the previous hop keeps until the next hop hands
 the message on — is in ``overlay/kbr_custody.py``; this module only calls its two hooks.
