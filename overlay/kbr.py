@@ -230,6 +230,8 @@ class KbrConfig:
     #: 0.05-7 s later, and in a one-hour run three just after the fifth retry, 9.3 s later — a
     #: joiner waits out the probes of a crashed would-be leaf at a 1-s initial RTO; a sixth,
     #: 18.9 s after the bounce, covers them, and only bounced lookups wait). 0 = deliver now.
+    #: The same budget serves a reroute that would deliver here while it excludes a live node
+    #: closer to the key: that node gets the message once more (``HopEngine._closer_excluded``).
     retry_bounced_s: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
     retry_bounced_times: int = attrs.field(default=6, validator=attrs.validators.ge(0))
     #: the previous hop keeps a copy of each message its next hop acked until that hop says
