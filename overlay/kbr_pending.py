@@ -233,7 +233,7 @@ class HopEngine:
         """The live node of ``exclude`` closest to ``msg``'s key, if routing would deliver
         ``msg`` here without it and it is closer to the key than we are (None otherwise, or
         once this message's ``retry_bounced_times`` retries are spent)."""
-        if self.kbr_config.retry_bounced_s <= 0 or self.next_hop(msg.key, exclude) is not None:
+        if self.kbr_config.retry_bounced_s <= 0:
             return None
         key = msg.key
         bad = self.prox.bad
@@ -243,7 +243,11 @@ class HopEngine:
                 continue
             if best is None or closer(key, h.id, best.id):
                 best = h
-        if best is None or self._take_retry(msg) is None:
+        # the routing lookup only when there is a node to retry (the caller's reroute makes
+        # the same lookup again otherwise)
+        if best is None or self.next_hop(key, exclude) is not None:
+            return None
+        if self._take_retry(msg) is None:
             return None
         return best
 
