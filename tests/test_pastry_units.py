@@ -217,6 +217,44 @@ def test_leaf_set_agrees_with_its_definition_through_inserts_and_removes() -> No
         assert [side_d[x] for x in order] == sorted(side_d[x] for x in order)
 
 
+def test_would_keep_is_what_inserting_every_candidate_would_leave() -> None:
+    # oracle: a copy of the leaf set into which every pending node and candidate is inserted;
+    # ``would_keep`` must name exactly the candidates that copy then holds
+    rng = random.Random(5)
+    for trial in range(400):
+        owner = _h(rng.getrandbits(160), 0)
+        o = int(owner.id)
+        half = rng.choice((1, 2, 4, 8))
+        near = trial % 2 == 0  # half the trials crowd the ids near the owner
+        ids = rng.sample(range(1, 400), 60) if near else [rng.getrandbits(160) for _ in range(60)]
+        pool = [_h((o + i - 200) % RING if near else i, k + 1) for k, i in enumerate(ids)]
+        pool = [h for h in pool if int(h.id) != o]
+        ls = LeafSet(owner, half)
+        for h in pool[: rng.randrange(0, 25)]:
+            ls.insert(h)
+        for h in rng.sample(sorted(ls.members, key=lambda x: x.id), rng.randrange(0, len(ls) + 1)):
+            ls.remove(h)  # crashed members leave short sides
+        rest = [h for h in pool if h not in ls.members]
+        cands = rng.sample(rest, rng.randrange(0, 12))
+        pending = rng.sample([h for h in rest if h not in cands], rng.randrange(0, 4))
+        ref = LeafSet(owner, half)
+        ref.install(list(ls.cw), list(ls.ccw))
+        for h in (*pending, *cands):
+            ref.insert(h)
+        got = ls.would_keep(cands, pending)
+        assert got == [c for c in cands if c in ref.members], (trial, half)
+        alone = _inserted(ls, cands).members
+        assert ls.would_keep(cands) == [c for c in cands if c in alone], (trial, half)
+
+
+def _inserted(ls: LeafSet, nodes: list[NodeHandle]) -> LeafSet:
+    copy = LeafSet(ls.owner, ls.half)
+    copy.install(list(ls.cw), list(ls.ccw))
+    for h in nodes:
+        copy.insert(h)
+    return copy
+
+
 # ---------------------------------------------------------------------- routing over an oracle ring
 def _oracle_ring(n: int, seed: int, cfg: PastryConfig | None = None) -> list[PastryCore]:
     rng = random.Random(seed)
@@ -393,6 +431,36 @@ def test_announced_rtt_is_a_hint_never_a_sample() -> None:
     # an announce that claims to be slower than the occupant costs no probe at all
     far = _h(0x22 << 152, 3)
     core.receive(far, TableAnnounce(0.5))
+    assert not [m for _, m in rt.take_sent() if isinstance(m, Ping)]
+
+
+def test_a_repair_reply_to_a_short_side_probes_only_what_would_fit() -> None:
+    """A side one member short takes any node, so every member of a leaf set offered to it
+    fits; only the one that would still be in once the batch is inserted is probed. If it is
+    dead, the deferred candidates are offered again at once: the next nearest is probed."""
+    rt = ManualRuntime(seed=1)
+    me = _h(1 << 159, 0)
+    o = int(me.id)
+    core = PastryCore(rt, me, PastryConfig(leaf_set_size=8))
+    for k in (1, 2, 3):  # cw side: 3 of 4
+        core.add_leaf(_h(o + k * 10, k))
+    for k in (1, 2, 3, 4):  # ccw side full
+        core.add_leaf(_h(o - k * 10, 10 + k))
+    rt.take_sent()
+    batch = [_h(o + d, 100 + d) for d in (70, 40, 90, 50, 60)]  # all fit the short side
+    assert all(core.leaf.fits(int(h.id)) for h in batch)
+    core.offer_leaves(batch)
+    pinged = [d for d, m in rt.take_sent() if isinstance(m, Ping)]
+    assert pinged == [_h(o + 40, 140)]  # the nearest, the only one that would stay
+    assert core.stats["leaf_verify_deferred"] == 4
+    core.offer_leaves(batch)  # while it is verified, offering the batch again costs nothing
+    assert not [m for _, m in rt.take_sent() if isinstance(m, Ping)]
+    while not core.prox.is_dead(_h(o + 40, 140)):  # no pong: its probe runs out
+        rt.advance(0.1)
+    pings = [(d, m) for d, m in rt.take_sent() if isinstance(m, Ping)]
+    assert pings[-1][0] == _h(o + 50, 150) and {d for d, _ in pings[:-1]} == {_h(o + 40, 140)}
+    core.receive(_h(o + 50, 150), Pong(pings[-1][1].nonce, pings[-1][1].sent_at))
+    assert _h(o + 50, 150) in core.leaf.members and len(core.leaf.cw) == 4
     assert not [m for _, m in rt.take_sent() if isinstance(m, Ping)]
 
 

@@ -79,6 +79,9 @@ class PastryCore(KbrCore):
         self.leaf = LeafSet(handle, cfg.half_leaf)
         self.table = RoutingTable(self._oid, cfg.b_bits)
         self._verifying: set[NodeHandle] = set()
+        #: leaf-set candidates not probed because nearer ones were being verified
+        #: (:meth:`offer_leaves`), offered again when one of those turns out dead
+        self._leaf_reserve: tuple[NodeHandle, ...] = ()
         self._learned: set[NodeHandle] = set()
         #: the node whose leave notice is being handled (its departure is not spread as a
         #: failure: every member it knew was told by the node itself)
@@ -289,13 +292,24 @@ class PastryCore(KbrCore):
         self.learn_alive(h)
 
     def offer_leaves(self, cands: Iterable[NodeHandle], skip_dead: bool = True) -> None:
-        """Gossiped leaf-set candidates: probe each one that fits, insert it on the pong."""
+        """Gossiped leaf-set candidates: probe each one that fits, insert it on the pong.
+
+        Only the candidates that would still be members once every candidate being verified
+        is in are probed (:meth:`LeafSet.would_keep`). A side short of a crashed member takes
+        any node, so the leaf set a repair reply lists fitted whole, and every member of it
+        was probed; half the pongs then found the nearer ones already in (2 000 nodes, 30-min
+        sessions, 5 % loss: 0.016 of 0.031 verification probes/s/node). A nearer candidate
+        that turns out dead has the deferred ones offered again at once. The probes cut were
+        not quite idle: their RTTs fed routing-table repairs, and lookups take ~2 % more hops
+        without them (docs/reliability.md)."""
         leaf = self.leaf
         prox = self.prox
         now = self.runtime.now()
         lease = self.config.neighbor_lease_s
+        verifying = self._verifying
+        probe: list[NodeHandle] = []
         for c in cands:
-            if c.id == self.id or c in leaf.members or c in self._verifying:
+            if c.id == self.id or c in leaf.members or c in verifying or c in probe:
                 continue
             if not leaf.fits(c.id):
                 continue
@@ -306,14 +320,33 @@ class PastryCore(KbrCore):
                 if self.add_leaf(c):
                     self.maint.push_to(c)
                 continue
-            self._verifying.add(c)
+            probe.append(c)
+        if not probe:
+            return
+        keep = leaf.would_keep(probe, verifying)
+        if len(keep) < len(probe):
+            self.stats["leaf_verify_deferred"] += len(probe) - len(keep)
+            reserve = self._leaf_reserve
+            new = [c for c in probe if c not in keep and c not in reserve]
+            # the latest deferred, at most a leaf set's worth (a tuple: most cores hold none,
+            # and the empty one is shared)
+            self._leaf_reserve = (*reserve, *new)[-2 * leaf.half :]
+        for c in keep:
+            verifying.add(c)
             self.stats["leaf_verify_probes"] += 1
             prox.probe(c, self._verified_cb(c), hint=True)
 
     def _verified_cb(self, c: NodeHandle) -> Callable[[float | None], None]:
         def done(rtt: float | None) -> None:
             self._verifying.discard(c)
-            if rtt is None or self.stopped:
+            if self.stopped:
+                return
+            if rtt is None:
+                # it held the place of candidates deferred behind it: offer them again now,
+                # not at the next repair request or heartbeat
+                reserve, self._leaf_reserve = self._leaf_reserve, ()
+                if reserve:
+                    self.offer_leaves(reserve)
                 return
             if c not in self.leaf.members and self.leaf.fits(c.id) and self.add_leaf(c):
                 self.maint.push_to(c)

@@ -22,7 +22,7 @@ l/2 larger and l/2 smaller"):
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from overlay.handle import NodeHandle
 from overlay.ids import HALF_RING, RING
@@ -167,6 +167,31 @@ class LeafSet:
                 seen.add(h)
                 out.append(h)
         return out
+
+    def would_keep(
+        self, cands: Sequence[NodeHandle], pending: Collection[NodeHandle] = ()
+    ) -> list[NodeHandle]:
+        """Those of ``cands`` that would be members if every node of ``cands`` and ``pending``
+        were inserted: on either side, among the ``half`` nearest of that side's members and
+        all of them. A side that is short takes any candidate, so a batch offered to it (a
+        repair reply lists a whole leaf set) fits one by one; this is the part of it that
+        would still fit once the nearer ones are in."""
+        oid = self.oid
+        half = self.half
+        members = self.members
+        pool = [h for h in cands if h.id != oid]
+        pool.extend(h for h in pending if h not in members and h.id != oid)
+        keep: set[NodeHandle] = set()
+        for clockwise, side in ((True, self.cw), (False, self.ccw)):
+            if len(side) + len(pool) <= half:
+                keep.update(pool)
+                continue
+            nodes = [*side, *pool]
+            dist = [(int(h.id) - oid) % RING for h in nodes]
+            if not clockwise:
+                dist = [RING - d for d in dist]
+            keep.update(nodes[i] for i in sorted(range(len(nodes)), key=dist.__getitem__)[:half])
+        return [c for c in cands if c in keep]
 
     # ------------------------------------------------------------------ updates
     def insert(self, h: NodeHandle) -> bool:
