@@ -184,6 +184,41 @@ def test_a_silent_seed_is_left_after_the_join_timeout() -> None:
     assert [(d, type(m)) for d, m in rt.take_sent()] == [(99, NearbyRequest)]
 
 
+def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:
+    """Under churn a joiner's one seed may crash while it joins. A routed join that got no reply
+    is retried through the next nearest node the discovery measured — not the seed, and with no
+    second discovery — and only when every node found has gone silent is a seed asked again."""
+    cfg = PastryConfig(join_timeout_s=2.0)
+    rt, core, req = _joiner(cfg)
+    near, far = _h(0x71 << 152, 7), _h(0x72 << 152, 8)
+    rt.advance(0.200)
+    core.receive(_h(0x70 << 152, 99), NearbyReply(req.nonce, -1, (near, far)))
+    pings = {d: m for d, m in _sent(rt) if isinstance(m, Ping)}
+    rt.advance(0.010)
+    core.receive(near, Pong(pings[near].nonce, pings[near].sent_at))
+    rt.advance(0.090)
+    core.receive(far, Pong(pings[far].nonce, pings[far].sent_at))
+    for d, m in _sent(rt):  # the walk's requests: nothing new anywhere
+        rt.advance(0.01)
+        core.receive(d, NearbyReply(m.nonce, 0, ()))
+    for d, m in _sent(rt):
+        rt.advance(0.01)
+        core.receive(d, NearbyReply(m.nonce, 0, ()))
+    assert core.joiner.entry == near and core.joiner.state is JoinState.JOINING
+    rt.take_sent()
+    rt.advance(cfg.join_timeout_s + 0.01)  # near never answers the join
+    assert [(d, type(m)) for d, m in rt.take_sent()] == [(far, JoinRequest)]
+    assert core.joiner.entry == far and core.stats["join_retries_via_found"] == 1
+    seed = _h(0x70 << 152, 99)  # measured too: its reply was a round trip of ours
+    rt.advance(2 * cfg.join_timeout_s + 0.01)  # nor does far
+    assert [(d, type(m)) for d, m in rt.take_sent()] == [(seed, JoinRequest)]
+    rt.advance(4 * cfg.join_timeout_s + 0.01)  # every node found is silent: the seed address
+    assert [(d, type(m)) for d, m in rt.take_sent() if not isinstance(m, Ping)] == [
+        (99, NearbyRequest)
+    ]
+    assert core.stats["join_retries"] == 3 and core.stats["join_retries_via_found"] == 2
+
+
 # ---------------------------------------------------------------------- a ring built by joins
 def _ring(n: int, seed: int) -> Network:
     net = Network(seed=seed, latency=TransitStub(seed=seed))
