@@ -464,6 +464,32 @@ def test_a_repair_reply_to_a_short_side_probes_only_what_would_fit() -> None:
     assert not [m for _, m in rt.take_sent() if isinstance(m, Ping)]
 
 
+def test_a_deferred_candidate_that_is_a_table_entry_is_still_checked() -> None:
+    """Deferring a leaf-set candidate must not stop us from checking our own routing-table
+    entries: one named by a repair reply is probed (under churn it may have crashed unnoticed);
+    a deferred candidate that is no entry of ours is not, and one heard from within a lease
+    enters without a probe."""
+    rt = ManualRuntime(seed=1)
+    me = _h(1 << 159, 0)
+    o = int(me.id)
+    core = PastryCore(rt, me, PastryConfig(leaf_set_size=8))
+    for k in (1, 2):  # cw side: 2 of 4
+        core.add_leaf(_h(o + k * 10, k))
+    for k in (1, 2, 3, 4):
+        core.add_leaf(_h(o - k * 10, 10 + k))
+    entry, fresh, stranger = _h(o + 60, 160), _h(o + 50, 150), _h(o + 70, 170)
+    core.consider(entry, probe=False)
+    assert entry in core.table.members and stranger not in core.table.members
+    core.prox.heard(fresh, start=True)  # spoke to us just now
+    rt.take_sent()
+    core.offer_leaves([_h(o + 40, 140), entry, fresh, stranger])
+    pinged = [d for d, m in rt.take_sent() if isinstance(m, Ping)]
+    assert fresh in core.leaf.members  # at once
+    assert sorted(pinged, key=lambda h: int(h.id)) == [_h(o + 40, 140), entry]
+    assert core.stats["leaf_verify_deferred"] == 2  # entry and stranger
+    assert core.stats["leaf_deferred_entry_probes"] == 1
+
+
 # ---------------------------------------------------------------------- bad input
 @register(250)
 @attrs.frozen(slots=True)
