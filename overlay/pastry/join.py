@@ -232,6 +232,7 @@ class JoinProtocol:
             self.locator.start(self.nonce, addr)
             return
         self.state = JoinState.JOINING
+        self.entry = None  # through an address: no node to hold silent
         core.stats["join_requests"] += 1
         rt.send_address(addr, JoinRequest(self.nonce))
 
@@ -262,6 +263,7 @@ class JoinProtocol:
         self._arm(core.config.join_timeout_s * (2**self.attempt))
         core.stats["join_requests"] += 1
         if target is None:  # nothing answered but the seed address itself
+            self.entry = None
             core.runtime.send_address(
                 self.seeds[self.attempt % len(self.seeds)], JoinRequest(self.nonce)
             )
