@@ -7,8 +7,8 @@ State machine of the joiner, as data (:class:`JoinState`)::
 
     IDLE --join(seeds)--> LOCATING --near node found--> JOINING --JoinReply--> PROBING
       \\--join([])--> READY      |                            |   --all leaves confirmed--> READY
-                                 timeout: retry the next seed, doubled timeout
-                                 (join_attempts exhausted → FAILED)
+                                 timeout: retry through the nearest node found (else the
+                                 next seed), doubled timeout (join_attempts exhausted → FAILED)
 
 Timeouts: the seed must answer the first discovery request within ``join_timeout_s``; from
 then on the discovery is bounded by its own timers (the join timer only backs that bound), and
@@ -219,7 +219,7 @@ class JoinProtocol:
             # An earlier attempt's discovery measured these nodes: join through the nearest
             # one that has not failed us, with no second discovery and without the seed. Under
             # churn the one seed a joiner has may be gone: 7 of 11 joins that failed in an hour
-            # (N = 2 000, 5 % loss) had reached an entry node, lost a datagram of the join, and
+            # (N = 2 000, 5 % loss) had reached an entry node, got no reply through it, and
             # spent the four retries asking a crashed seed (docs/reliability.md).
             self.state = JoinState.JOINING
             self.entry = via
