@@ -300,8 +300,8 @@ class PastryCore(KbrCore):
         was probed; half the pongs then found the nearer ones already in (2 000 nodes, 30-min
         sessions, 5 % loss: 0.016 of 0.031 verification probes/s/node). A nearer candidate
         that turns out dead has the deferred ones offered again at once. A deferred candidate
-        that is one of our routing-table entries is still probed (the cut
-        probes were also how such entries were found dead; docs/reliability.md)."""
+        that is one of our routing-table entries is still probed (the cut probes were also how
+        such entries were found dead; docs/reliability.md)."""
         leaf = self.leaf
         prox = self.prox
         now = self.runtime.now()

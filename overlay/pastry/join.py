@@ -273,10 +273,10 @@ class JoinProtocol:
 
     def _fallback(self) -> NodeHandle | None:
         """The nearest node an earlier discovery measured that no attempt went silent through
-        and that is not suspected (None: none is left, ask a seed again)."""
-        bad = self.core.prox.bad
+        and that is not suspected or dead (None: none is left, ask a seed again)."""
+        bad = self.core.prox.bad  # suspected and DEAD peers both
         for h in self.near_found:
-            if h not in self._silent and h not in bad and not self.core.prox.is_dead(h):
+            if h not in self._silent and h not in bad:
                 return h
         return None
 
