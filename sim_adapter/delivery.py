@@ -44,6 +44,7 @@ class Delivery:
     dropped_loss: int
     dropped_partition: int
     dropped_dead: int
+    on_loss: Callable[[int, Address, Message], None] | None
     _send_to: NodeId | None
     _by_class: dict[type[Message], int]
     _encode: Callable[[Message], bytes] | None
@@ -80,6 +81,8 @@ class Delivery:
             return
         if self.loss and self.rng.random() < self.loss:
             self.dropped_loss += 1
+            if self.on_loss is not None:
+                self.on_loss(src, dst, msg)
             return
         part = self._partition
         if part is not None and part[src] != part[dst]:

@@ -110,6 +110,9 @@ class Network(Delivery, Measurements):
         self.dropped_loss = 0
         self.dropped_partition = 0
         self.dropped_dead = 0
+        #: called with (sender index, destination address, message) for every message the
+        #: loss model drops (tests whose oracle must tell loss from a protocol's fault)
+        self.on_loss: Callable[[int, Address, Message], None] | None = None
         self.failed_arrivals = 0  # arrive() joins that failed
         self._by_class: dict[type[Message], int] = {}
         self._encode: Callable[[Message], bytes] | None = None

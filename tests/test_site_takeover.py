@@ -25,9 +25,12 @@ import pytest
 from discovery.announce import Flock, FlockConfig
 from discovery.decision import FlockDecision
 from discovery.failover import FailoverConfig
+from discovery.flock_messages import FlockAnnounce
 from discovery.ledger import JobLedger
 from discovery.pool import SimulatedPool
+from overlay.handle import Address
 from overlay.ids import NodeId
+from overlay.messages import Message
 from overlay.runtime import Runtime
 from sim_adapter.latency import Uniform
 from sim_adapter.network import Network
@@ -154,19 +157,38 @@ def test_flock_role_follows_the_manager_role(seed: int) -> None:
     # announcements resume under the replacement, with the pool's collector
     assert rep.flock.collector == X_COLLECTOR and rep.flock.stats.get("stray_payload", 0) == 0
     flocks = {n.id: sim[n] for n in others}
+    by_id = {n.id: n for n in others}
+
+    # every announcement the loss model drops: (origin, receiver index, issued_at_s)
+    lost: list[tuple[NodeId, int, float]] = []
+
+    def on_loss(src: int, dst: Address, msg: Message) -> None:
+        if isinstance(msg, FlockAnnounce) and isinstance(dst, int):
+            lost.append((msg.origin.id, dst, msg.issued_at_s))
+
+    net.on_loss = on_loss
 
     def relist_s(node: SimNode) -> float:
         """Run ``RELIST_S`` (validity + one announcement period) from ``node`` taking the flock
         role. Oracle: every other pool that was in ``node``'s routing-table rows throughout
         ``[announce_period_s, RELIST_S]`` (so that several announcements were sent to it)
-        lists X by its collector with ``node`` as origin at the end. Returns when the last of
-        them listed it (nan: one of them does not)."""
+        lists X by its collector with ``node`` as origin at the end, unless the loss model
+        dropped ``node``'s copy of every round issued within the last ``validity_s`` to it
+        (soft state: an offer lapses when no copy of it arrives for a validity period, Butt
+        et al. §3.2.1). Returns when the last of them listed it."""
         t_role = net.now
         others_ids = {n.id for n in others}
+        flock = site.site(node).flock
+        rounds: list[float] = []  # when node's flock sent a round (0.5 s resolution)
+        sent = flock.stats["sent"]
         due: set[NodeId] | None = None
         first: dict[NodeId, float] = {}
+        del lost[:]
         while net.now - t_role < RELIST_S:
             net.run(0.5)
+            if flock.stats["sent"] > sent:
+                sent = flock.stats["sent"]
+                rounds.append(net.now)
             rows = _direct_receivers(node) & others_ids
             if net.now - t_role >= FCFG.announce_period_s:
                 due = rows if due is None else due & rows
@@ -174,12 +196,23 @@ def test_flock_role_follows_the_manager_role(seed: int) -> None:
                 if i not in first and _listed_by(flocks[i], node.id):
                     first[i] = net.now - t_role
         assert due, f"{node.id.short()} kept no pool in its rows"
-        if not all(_listed_by(flocks[i], node.id) for i in due):
-            return float("nan")
-        return max(first[i] for i in due)
+        live = net.now - FCFG.validity_s
+        recent = sum(1 for t in rounds if t > live)
+        assert recent >= 2, f"{node.id.short()} sent {recent} rounds in a validity period"
+
+        def all_lost(i: NodeId) -> bool:
+            idx = by_id[i].index
+            return sum(1 for o, d, at in lost if o == node.id and d == idx and at > live) >= recent
+
+        missing = {i for i in due if not _listed_by(flocks[i], node.id)}
+        excused = {i for i in missing if all_lost(i)}
+        assert missing == excused, (
+            f"{len(missing - excused)} pools do not list X though a copy reached them"
+        )
+        assert len(excused) <= 1, f"{len(excused)} pools lost every copy (loss model)"
+        return max(first[i] for i in due - excused)
 
     relist_rep = relist_s(rep_node)
-    assert relist_rep == relist_rep, f"not relisted within {RELIST_S} s of the takeover"
 
     # -------- the original returns and preempts: the flock role goes back
     net.run(max(0.0, t_crash + 200.0 - net.now))
@@ -193,7 +226,6 @@ def test_flock_role_follows_the_manager_role(seed: int) -> None:
     back_pub = site.site(back).sync.published
     assert back_pub is not None and pub is not None and back_pub.epoch > pub.epoch
     relist_back = relist_s(back)
-    assert relist_back == relist_back, f"not relisted within {RELIST_S} s of the preemption"
 
     # -------- every job of every pool completes exactly once
     total = len(led)
