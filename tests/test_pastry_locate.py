@@ -180,8 +180,32 @@ def test_a_silent_seed_is_left_after_the_join_timeout() -> None:
     core = PastryCore(rt, _h(0x10 << 152, 0), cfg)
     core.join([98, 99], None)
     assert [d for d, _ in rt.take_sent()] == [98]
-    rt.advance(2.01)
+    rt.advance(2.01)  # the attempt's timeout (the seed's resend would have come at 2 s too)
     assert [(d, type(m)) for d, m in rt.take_sent()] == [(99, NearbyRequest)]
+
+
+def test_a_lost_seed_request_is_sent_again_and_its_answer_is_no_sample() -> None:
+    """One lost datagram of the seed exchange must not stall the join for the attempt's whole
+    timeout: the request goes again after ``join_locate_wait_s``, doubled each time. The answer
+    to a request sent twice is no RTT sample (Karn's rule): the seed is probed like a
+    candidate."""
+    rt, core, req = _joiner(PastryConfig(join_timeout_s=20.0))
+    rt.advance(1.99)
+    assert not rt.take_sent()
+    rt.advance(0.02)
+    ((dst, again),) = rt.take_sent()
+    assert dst == 99 and again == req  # the same request, same nonce
+    rt.advance(4.0)
+    assert [m for _, m in rt.take_sent()] == [req]
+    assert core.stats["join_locate_seed_resends"] == 2
+    seed, other = _h(0x70 << 152, 99), _h(0x71 << 152, 7)
+    rt.advance(0.05)
+    core.receive(seed, NearbyReply(req.nonce, -1, (other,)))
+    assert core.prox.rtt(seed) is None
+    assert {d for d, m in _sent(rt) if isinstance(m, Ping)} == {seed, other}
+    rt.advance(8.5)  # past the third resend's time: answered, so none went
+    assert not [m for _, m in rt.take_sent() if isinstance(m, NearbyRequest) and m.row == -1]
+    assert core.stats["join_locate_seed_resends"] == 2
 
 
 def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:

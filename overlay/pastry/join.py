@@ -10,7 +10,8 @@ State machine of the joiner, as data (:class:`JoinState`)::
                                  timeout: retry through the nearest node found (else the
                                  next seed), doubled timeout (join_attempts exhausted → FAILED)
 
-Timeouts: the seed must answer the first discovery request within ``join_timeout_s``; from
+Timeouts: the seed must answer the first discovery request (sent again after
+``join_locate_wait_s``, doubled each time) within ``join_timeout_s``; from
 then on the discovery is bounded by its own timers (the join timer only backs that bound), and
 the routed join gets ``join_timeout_s`` (doubled per attempt) from when it is sent, so a slow
 discovery is never restarted from scratch.
