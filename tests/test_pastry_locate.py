@@ -18,7 +18,13 @@ from overlay.ids import RING
 from overlay.messages import Message
 from overlay.pastry import PastryConfig, PastryCore
 from overlay.pastry.join import JoinState
-from overlay.pastry.messages import JoinRequest, NearbyReply, NearbyRequest
+from overlay.pastry.messages import (
+    JoinReply,
+    JoinRequest,
+    LeafSetRequest,
+    NearbyReply,
+    NearbyRequest,
+)
 from overlay.proximity import Ping, Pong
 from overlay.runtime import ManualRuntime
 from sim_adapter.latency import TransitStub
@@ -208,11 +214,9 @@ def test_a_lost_seed_request_is_sent_again_and_its_answer_is_no_sample() -> None
     assert core.stats["join_locate_seed_resends"] == 2
 
 
-def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:
-    """Under churn a joiner's one seed may crash while it joins. A routed join that got no reply
-    is retried through the next nearest node the discovery measured — not the seed, and with no
-    second discovery — and only when every node found has gone silent is a seed asked again."""
-    cfg = PastryConfig(join_timeout_s=2.0)
+def _located(cfg: PastryConfig) -> tuple[ManualRuntime, PastryCore, NodeHandle, NodeHandle]:
+    """A joiner whose discovery measured ``near`` (10 ms) and ``far`` (100 ms) and found
+    nothing else: it has just sent its routed join to ``near``."""
     rt, core, req = _joiner(cfg)
     near, far = _h(0x71 << 152, 7), _h(0x72 << 152, 8)
     rt.advance(0.200)
@@ -230,6 +234,15 @@ def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:
         core.receive(d, NearbyReply(m.nonce, 0, ()))
     assert core.joiner.entry == near and core.joiner.state is JoinState.JOINING
     rt.take_sent()
+    return rt, core, near, far
+
+
+def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:
+    """Under churn a joiner's one seed may crash while it joins. A routed join that got no reply
+    is retried through the next nearest node the discovery measured — not the seed, and with no
+    second discovery — and only when every node found has gone silent is a seed asked again."""
+    cfg = PastryConfig(join_timeout_s=2.0, join_route_wait_s=100.0)  # (no resend in between)
+    rt, core, _, far = _located(cfg)
     rt.advance(cfg.join_timeout_s + 0.01)  # near never answers the join
     assert [(d, type(m)) for d, m in rt.take_sent()] == [(far, JoinRequest)]
     assert core.joiner.entry == far and core.stats["join_retries_via_found"] == 1
@@ -241,6 +254,33 @@ def test_a_retry_joins_through_the_next_node_found_not_the_seed() -> None:
         (99, NearbyRequest)
     ]
     assert core.stats["join_retries"] == 3 and core.stats["join_retries_via_found"] == 2
+
+
+def test_a_routed_join_without_reply_is_asked_again_within_the_attempt() -> None:
+    """The routed join's request and the root's reply are one datagram each: one of them lost
+    must not cost the whole attempt's timeout. The request goes again to the same entry with
+    the same nonce after ``join_route_wait_s``, doubled each time; the first reply is taken,
+    a second one (the resent request's) is dropped and counted, and no resend follows."""
+    cfg = PastryConfig(join_timeout_s=20.0)
+    rt, core, near, _ = _located(cfg)
+    nonce = core.joiner.nonce
+    rt.advance(cfg.join_route_wait_s - 0.01)
+    assert not rt.take_sent()
+    rt.advance(0.02)
+    assert rt.take_sent() == [(near, JoinRequest(nonce))]
+    rt.advance(2 * cfg.join_route_wait_s)
+    assert rt.take_sent() == [(near, JoinRequest(nonce))]
+    assert core.stats["join_request_resends"] == 2 and core.stats["join_requests"] == 1
+    root, leaf = _h(0x6F << 152, 11), _h(0x74 << 152, 12)
+    core.receive(root, JoinReply(nonce, (leaf,), (), ()))
+    assert core.joiner.state is JoinState.PROBING
+    asked = {d for d, m in _sent(rt) if isinstance(m, LeafSetRequest)}
+    assert asked == {root, leaf}
+    core.receive(root, JoinReply(nonce, (leaf, _h(0x75 << 152, 13)), (), ()))
+    assert core.stats["join_reply_duplicates"] == 1
+    assert not [m for _, m in rt.take_sent() if isinstance(m, LeafSetRequest)]
+    rt.advance(8 * cfg.join_route_wait_s)  # past the third resend's time: none went
+    assert not [m for _, m in rt.take_sent() if isinstance(m, JoinRequest)]
 
 
 # ---------------------------------------------------------------------- a ring built by joins

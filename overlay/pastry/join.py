@@ -14,7 +14,9 @@ Timeouts: the seed must answer the first discovery request (sent again after
 ``join_locate_wait_s``, doubled each time) within ``join_timeout_s``; from
 then on the discovery is bounded by its own timers (the join timer only backs that bound), and
 the routed join gets ``join_timeout_s`` (doubled per attempt) from when it is sent, so a slow
-discovery is never restarted from scratch.
+discovery is never restarted from scratch. Within an attempt the routed join's request goes
+again, with the same nonce, after ``join_route_wait_s`` (doubled each time) without a reply:
+the request and the reply are one datagram each, and either lost cost the whole attempt.
 
 0. LOCATING — nearby-node discovery (``locate.py``; Castro, Druschel, Hu & Rowstron 2002 §4;
    FreePastry ``PNSApplication.getNearest``): X walks from the seed towards the nodes nearest
@@ -185,6 +187,8 @@ class JoinProtocol:
         self.near_found: list[NodeHandle] = []
         #: nodes an attempt was routed through that produced no reply in time
         self._silent: tuple[NodeHandle, ...] = ()
+        #: the routed join's resend timer (JOINING)
+        self._again: Timer | None = None
 
     # ------------------------------------------------------------------ joiner side
     def start_join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None) -> None:
@@ -210,6 +214,7 @@ class JoinProtocol:
         rt = core.runtime
         cfg = core.config
         self._cancel_asks()
+        self._stop_again()
         self.locator.reset()
         self._budget = Budget(cfg.join_probe_budget, "join_pns_probes")
         self.nonce = rt.rng.getrandbits(62)
@@ -224,9 +229,8 @@ class JoinProtocol:
             # spent the four retries asking a crashed seed (docs/reliability.md).
             self.state = JoinState.JOINING
             self.entry = via
-            core.stats["join_requests"] += 1
             core.stats["join_retries_via_found"] += 1
-            rt.send(via, JoinRequest(self.nonce))
+            self._request_join(0)
             return
         if cfg.join_locate_rounds > 0:
             self.state = JoinState.LOCATING
@@ -234,8 +238,31 @@ class JoinProtocol:
             return
         self.state = JoinState.JOINING
         self.entry = None  # through an address: no node to hold silent
-        core.stats["join_requests"] += 1
-        rt.send_address(addr, JoinRequest(self.nonce))
+        self._request_join(0)
+
+    def _request_join(self, resend: int) -> None:
+        """JOINING: send the routed join's request to the entry node (None: to this attempt's
+        seed address), and again after ``join_route_wait_s`` (doubled each time) while no
+        reply came, up to ``join_probe_retries`` times. The entry routes every copy; the
+        root's second reply is dropped (``on_join_reply``)."""
+        core = self.core
+        rt = core.runtime
+        core.stats["join_request_resends" if resend else "join_requests"] += 1
+        msg = JoinRequest(self.nonce)
+        via = self.entry
+        if via is None:
+            rt.send_address(self.seeds[self.attempt % len(self.seeds)], msg)
+        else:
+            rt.send(via, msg)
+        if resend < core.config.join_probe_retries:
+            nonce = self.nonce
+
+            def again() -> None:
+                self._again = None
+                if self.nonce == nonce and self.state is JoinState.JOINING:
+                    self._request_join(resend + 1)
+
+            self._again = rt.call_later(core.config.join_route_wait_s * 2**resend, again)
 
     # ------------------------------------------------------------------ nearby-node discovery
     def on_nearby_request(self, src: NodeHandle, msg: NearbyRequest) -> None:
@@ -262,15 +289,8 @@ class JoinProtocol:
         self.near_found = near
         self.state = JoinState.JOINING
         self._arm(core.config.join_timeout_s * (2**self.attempt))
-        core.stats["join_requests"] += 1
-        if target is None:  # nothing answered but the seed address itself
-            self.entry = None
-            core.runtime.send_address(
-                self.seeds[self.attempt % len(self.seeds)], JoinRequest(self.nonce)
-            )
-            return
-        self.entry = target
-        core.runtime.send(target, JoinRequest(self.nonce))
+        self.entry = target  # None: nothing answered but the seed address itself
+        self._request_join(0)
 
     def _fallback(self) -> NodeHandle | None:
         """The nearest node an earlier discovery measured that no attempt went silent through
@@ -280,6 +300,11 @@ class JoinProtocol:
             if h not in self._silent and h not in bad:
                 return h
         return None
+
+    def _stop_again(self) -> None:
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
 
     def _arm(self, delay_s: float) -> None:
         if self._timer is not None:
@@ -341,10 +366,14 @@ class JoinProtocol:
             core.consider(src, probe=False)
             core.tables.offer_walk(src, entries, rtts, walk)
             return
-        if msg.nonce == self.nonce and self.state in (JoinState.JOINING, JoinState.PROBING):
-            if self.state is JoinState.JOINING:
-                self.state = JoinState.PROBING
-                self._arm(core.config.join_timeout_s * (2**self.attempt) * _PROBING_SLACK)
+        if msg.nonce == self.nonce and self.state is JoinState.PROBING:
+            # the reply to a resent request (or a second root's): the first one was taken
+            core.stats["join_reply_duplicates"] += 1
+            return
+        if msg.nonce == self.nonce and self.state is JoinState.JOINING:
+            self.state = JoinState.PROBING
+            self._stop_again()
+            self._arm(core.config.join_timeout_s * (2**self.attempt) * _PROBING_SLACK)
             cands = [h for h in leaves if h.id != core.id]
             cands.append(src)
             for h in cands:
@@ -498,6 +527,7 @@ class JoinProtocol:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._stop_again()
         self._cancel_asks()
         self.locator.reset()
 
