@@ -140,6 +140,26 @@ def test_a_peer_heard_from_after_its_probe_began_is_not_declared_dead() -> None:
     assert _pings_until_dead(rt, dead) == 1 + p.config.probe_retries
 
 
+def test_a_probed_peer_we_hold_no_record_of_is_heard_too() -> None:
+    """A probe of a peer never sampled (a failure report's, a hint's) runs without a record of
+    it; a message from it while the probe is in flight must still count as proof of life. It
+    was ignored (no record, no state for passers-by), the pong was lost, and the probe ended
+    in a false DEAD verdict on a node that had just spoken to us."""
+    rt, p, dead = make()
+    got: list[float | None] = []
+    p.probe(PEER, got.append, hint=True)
+    assert len(rt.take_sent()) == 1
+    rt.advance(0.1)
+    p.heard(PEER)  # its own ping to us, say; our pong from it is lost
+    rt.advance(60.0)
+    assert not dead and got and got[0] is not None
+    assert rt.take_sent() == [] and p.answered_by_traffic == 1
+    assert p.state(PEER) is Liveness.ALIVE
+    stranger = NodeHandle(NodeId(9), "passer-by")
+    p.heard(stranger)  # no probe, no record: still nothing allocated for it
+    assert stranger not in p.peers.rows
+
+
 def test_foreign_pong_ignored_and_config_validated() -> None:
     _, p, _ = make()
     p.on_pong(PEER, Pong(12345, 0.0))
