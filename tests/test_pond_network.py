@@ -191,16 +191,23 @@ def test_declined_and_lost_invitations_leave_the_pond_smaller_never_wrong(
 
 @pytest.mark.parametrize("seed", [5, 6])
 def test_lossy_network_pond_is_never_wrong(seed: int) -> None:
-    net, nodes, _ = ring(seed, loss=0.15)
-    mgr = nodes[1]
-    app = pq.pond_app(mgr)
-    r = pq.form_pond(net, mgr, requirements=REQ, k=10)
+    # The run must be one where the loss hit the invitations or their answers (about 1 in 25
+    # runs of 10 invitations at 15 % loss loses none of them, and which runs do changes with
+    # any change to the overlay's course): the first seed from ``seed`` on where it did.
+    for s in range(seed, seed + 20):
+        net, nodes, _ = ring(s, loss=0.15)
+        mgr = nodes[1]
+        app = pq.pond_app(mgr)
+        r = pq.form_pond(net, mgr, requirements=REQ, k=10)
+        if app.stats["invite_retransmits"] + app.stats["destroy_retransmits"] > 0:
+            break  # the loss bit
+    else:
+        pytest.fail(f"no seed in {seed}..{seed + 19} lost an invitation or an answer")
 
     def mine() -> set[int]:
         return {x for x, p in stamped(nodes).items() if p == r.pond_id}
 
     assert {int(h.id) for h in r.members} <= mine()  # no phantom member
-    assert app.stats["invite_retransmits"] + app.stats["destroy_retransmits"] > 0  # loss bit
     net.run(CFG.withdraw_after_s + 5.0)
     listed = {int(h.id) for h in app.members(r.pond_id)}
     # a machine whose accept never got through has withdrawn or been destroyed by now
