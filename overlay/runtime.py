@@ -33,7 +33,11 @@ class Timer(Protocol):
 
 
 class Runtime(Protocol):
-    """What a core may use: a clock, timers, a datagram send and a seeded generator."""
+    """What a core may use: a clock, timers, a datagram send and a seeded generator.
+
+    Optional: ``timing_noise_s``, how much of an RTT the driver measures may be time spent
+    waiting in event loops (a live node measures it; cores read it with ``getattr(..., 0.0)``).
+    """
 
     @property
     def rng(self) -> random.Random:
@@ -73,6 +77,9 @@ class ManualRuntime:
     Sent messages are appended to ``sent`` as ``(dst, msg)`` (``dst`` is a NodeHandle or, for
     ``send_address``, the bare address); the test delivers them by hand.
     """
+
+    #: the manual clock measures no waiting (see ``TrioRuntime.timing_noise_s``)
+    timing_noise_s = 0.0
 
     def __init__(self, seed: int = 0, start_s: float = 0.0) -> None:
         self._now = start_s

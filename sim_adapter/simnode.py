@@ -109,6 +109,9 @@ class SimRuntime:
 
     __slots__ = ("engine", "index", "net", "node")
 
+    #: virtual time has no event loop to wait in: RTT samples are the latency model's alone
+    timing_noise_s = 0.0
+
     def __init__(self, net: SimHost, index: int) -> None:
         self.net = net
         self.engine = net.engine

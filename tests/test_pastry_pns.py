@@ -290,6 +290,28 @@ def test_a_discovery_ends_at_a_seed_near_enough() -> None:
     assert core.joiner.entry == seed and core.stats["join_locate_probes"] == 0
 
 
+@pytest.mark.parametrize("noise_s", [0.0, 0.02])
+def test_timing_noise_widens_near_enough(noise_s: float) -> None:
+    # A live driver whose RTT samples owe milliseconds to event-loop waiting says so
+    # (``timing_noise_s``): a seed 5 ms away is then near enough and the walk ends there;
+    # without noise the same seed is 5 times the 1-ms cutoff and its leaf set is probed.
+    rt = ManualRuntime(seed=1)
+    rt.timing_noise_s = noise_s
+    core = PastryCore(rt, _h(0x10 << 152, 0))
+    assert core.near_enough_s() == pytest.approx(core.config.pns_near_enough_s + noise_s)
+    core.join([99], None)
+    ((_, req),) = rt.take_sent()
+    seed = _h(0x70 << 152, 99)
+    members = tuple(_h((0x71 + i) << 152, 7 + i) for i in range(4))
+    rt.advance(0.005)
+    core.receive(seed, NearbyReply(req.nonce, -1, members, (0.003,) * 4))  # type: ignore[attr-defined]
+    kinds = {type(m) for _, m in rt.take_sent()}
+    if noise_s:
+        assert kinds == {JoinRequest} and core.stats["join_locate_probes"] == 0
+    else:
+        assert Ping in kinds and core.stats["join_locate_probes"] > 0
+
+
 def test_join_rows_spare_the_nodes_the_consistent_join_measures() -> None:
     """Rows the hops send while the join is routed wait for the root's reply; a hop or a
     candidate among the leaf-set members being asked gets no probe of its own — the member's

@@ -25,6 +25,7 @@ import trio
 from overlay.handle import Address, NodeHandle
 from overlay.live.reactor import HeapTimer, Reactor, reactor
 from overlay.messages import Message
+from transports.lag import RECEIVE_LAG
 
 if TYPE_CHECKING:
     from overlay.live.host import NodeHost
@@ -104,6 +105,13 @@ class TrioRuntime:
     def now(self) -> float:
         """trio's clock (so ``MockClock`` drives the node in tests)."""
         return trio.current_time()
+
+    @property
+    def timing_noise_s(self) -> float:
+        """How much of an RTT measured here may be waiting in event loops rather than network:
+        twice this process's receive-lag bound (``transports.lag``: the ping waits at the peer
+        as the pong waits here). The Pastry core adds it to ``pns_near_enough_s``."""
+        return 2.0 * RECEIVE_LAG.noise_s()
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> HeapTimer:
         """Run ``fn`` after ``delay_s`` seconds from the process's timer task."""

@@ -409,6 +409,14 @@ class PastryCore(KbrCore):
             self.stats["pns_replacements"] += 1
         return False
 
+    def near_enough_s(self) -> float:
+        """An RTT within which a node is near enough that nothing nearer is worth a probe:
+        ``pns_near_enough_s`` plus what the runtime says its RTT samples may owe to waiting in
+        event loops (``timing_noise_s``: live nodes measure it, ``transports/lag.py``; a
+        simulated network has none). With 300 nodes in one process a datagram waits 1-3 ms
+        for its loop, and PNS probed on comparing that noise."""
+        return self.config.pns_near_enough_s + getattr(self.runtime, "timing_noise_s", 0.0)
+
     def probe_candidate(self, h: NodeHandle, callback: ProbeCallback | None = None) -> None:
         """Probe ``h``, a routing-table candidate (PNS): one ping, no retransmission, when ``h``
         is outside the leaf set's range (``ProximityConfig.candidate_probe_retries``); a node
@@ -473,7 +481,7 @@ class PastryCore(KbrCore):
         scored.sort(key=lambda t: t[:4])
         probes = 0
         bad = prox.bad
-        near = self.config.pns_near_enough_s
+        near = self.near_enough_s()
         for _, hi, lo, _, h in scored:
             slot = table.slot_of(h.id)
             if slot is None:

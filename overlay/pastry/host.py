@@ -104,6 +104,9 @@ class PastryHost(Protocol):
     def consider(self, h: NodeHandle, probe: bool) -> bool:
         """Offer ``h`` to the routing table (proximity neighbour selection)."""
 
+    def near_enough_s(self) -> float:
+        """RTT within which nothing nearer is worth a probe (config plus timing noise)."""
+
     def hints(self, entries: Iterable[NodeHandle]) -> tuple[float, ...]:
         """Our measured RTT to each of ``entries`` (-1 = unknown): hints sent with candidates."""
 

@@ -205,7 +205,7 @@ class NearbyLocator:
         core = self.core
         prox = core.prox
         a = self._a
-        near = core.config.pns_near_enough_s
+        near = core.near_enough_s()
         best = min(self._rtt.values(), default=math.inf)
         cands = self._cands
         batch = core.config.join_locate_batch
@@ -295,7 +295,7 @@ class NearbyLocator:
         if (
             nxt is not None
             # a node near enough was found: no walk can do meaningfully better
-            and (best is None or self._rtt[best] > cfg.pns_near_enough_s)
+            and (best is None or self._rtt[best] > self.core.near_enough_s())
             and self._round <= cfg.join_locate_rounds
             and self._stale < cfg.join_locate_patience
             and self._total_left > 0

@@ -433,7 +433,7 @@ class TableMaintenance:
         # when the occupant is measured or dies (``learn_alive``, ``repair_slot``). Skipping
         # it saved 8 probes per join into an oracle-built ring but cost row 0 ~2 ms of excess
         # RTT per slot in join-built ones. An occupant near enough is not contested at all.
-        near = self.cfg.pns_near_enough_s
+        near = core.near_enough_s()
         if rtt >= 0.0 and (known is None or (near < known and rtt < known)):
             core.stats["announce_probes"] += 1
             core.consider(src, probe=True)
