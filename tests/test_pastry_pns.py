@@ -21,6 +21,7 @@ from overlay import NodeHandle, NodeId
 from overlay.errors import ConfigError
 from overlay.handle import Address
 from overlay.ids import RING, shared_prefix_len
+from overlay.messages import Message
 from overlay.pastry import PastryConfig, PastryCore, table_quality
 from overlay.pastry.messages import (
     JoinReply,
@@ -274,18 +275,29 @@ def test_no_probe_to_beat_or_fill_with_a_node_near_enough(near_enough: float) ->
         PastryConfig(pns_near_enough_s=-0.001)
 
 
-def test_a_discovery_ends_at_a_seed_near_enough() -> None:
-    # On a flat network (a LAN, loopback) the seed answers within ``pns_near_enough_s``: its
-    # leaf set is not probed, and the join goes through it at once.
+def _seed_answers(
+    rtt_s: float, hint_s: float, noise_s: float = 0.0
+) -> tuple[PastryCore, NodeHandle, list[tuple[NodeHandle | Address, Message]]]:
+    """A joiner whose seed answers its discovery request ``rtt_s`` later, naming four leaf-set
+    members it holds ``hint_s`` away, on a runtime that reports ``noise_s`` of timing noise;
+    returns what the joiner sent on that answer."""
     rt = ManualRuntime(seed=1)
+    rt.timing_noise_s = noise_s
     core = PastryCore(rt, _h(0x10 << 152, 0))
+    assert core.near_enough_s() == pytest.approx(core.config.pns_near_enough_s + noise_s)
     core.join([99], None)
     ((_, req),) = rt.take_sent()
     seed = _h(0x70 << 152, 99)
     members = tuple(_h((0x71 + i) << 152, 7 + i) for i in range(4))
-    rt.advance(0.0004)
-    core.receive(seed, NearbyReply(req.nonce, -1, members, (0.0002,) * 4))  # type: ignore[attr-defined]
-    sent = rt.take_sent()
+    rt.advance(rtt_s)
+    core.receive(seed, NearbyReply(req.nonce, -1, members, (hint_s,) * 4))  # type: ignore[attr-defined]
+    return core, seed, rt.take_sent()
+
+
+def test_a_discovery_ends_at_a_seed_near_enough() -> None:
+    # On a flat network (a LAN, loopback) the seed answers within ``pns_near_enough_s``: its
+    # leaf set is not probed, and the join goes through it at once.
+    core, seed, sent = _seed_answers(0.0004, 0.0002)
     assert [(d, type(m)) for d, m in sent] == [(seed, JoinRequest)]
     assert core.joiner.entry == seed and core.stats["join_locate_probes"] == 0
 
@@ -295,17 +307,8 @@ def test_timing_noise_widens_near_enough(noise_s: float) -> None:
     # A live driver whose RTT samples owe milliseconds to event-loop waiting says so
     # (``timing_noise_s``): a seed 5 ms away is then near enough and the walk ends there;
     # without noise the same seed is 5 times the 1-ms cutoff and its leaf set is probed.
-    rt = ManualRuntime(seed=1)
-    rt.timing_noise_s = noise_s
-    core = PastryCore(rt, _h(0x10 << 152, 0))
-    assert core.near_enough_s() == pytest.approx(core.config.pns_near_enough_s + noise_s)
-    core.join([99], None)
-    ((_, req),) = rt.take_sent()
-    seed = _h(0x70 << 152, 99)
-    members = tuple(_h((0x71 + i) << 152, 7 + i) for i in range(4))
-    rt.advance(0.005)
-    core.receive(seed, NearbyReply(req.nonce, -1, members, (0.003,) * 4))  # type: ignore[attr-defined]
-    kinds = {type(m) for _, m in rt.take_sent()}
+    core, _, sent = _seed_answers(0.005, 0.003, noise_s)
+    kinds = {type(m) for _, m in sent}
     if noise_s:
         assert kinds == {JoinRequest} and core.stats["join_locate_probes"] == 0
     else:
