@@ -63,7 +63,7 @@ _SO_TIMESTAMPNS: int | None = getattr(_stdsocket, "SO_TIMESTAMPNS", None)
 if _SO_TIMESTAMPNS is None and sys.platform == "linux" and platform.machine() in _GENERIC_ABI:
     _SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("@qq")
-_ANC_SPACE = _stdsocket.CMSG_SPACE(_TIMESPEC.size)
+_ANC_SPACE = _stdsocket.CMSG_SPACE(_TIMESPEC.size) if _SO_TIMESTAMPNS is not None else 0
 #: datagrams left to read until the next one read with its stamp (transports.lag)
 _until_sample = [SAMPLE_EVERY]
 
@@ -189,7 +189,7 @@ class UdpTransport(EndpointMixin):
             try:
                 if self._stamped and _until_sample[0] <= 0:
                     n, addr = self._read_stamped(std)
-                    _until_sample[0] = SAMPLE_EVERY
+                    _until_sample[0] = SAMPLE_EVERY - 1  # this one and 7 plain reads
                 else:
                     n, addr = std.recvfrom_into(_RECV_BUF)
                     _until_sample[0] -= 1  # (an empty read raised above: datagrams only)
