@@ -218,7 +218,6 @@ class JoinProtocol:
         self.locator.reset()
         self._budget = Budget(cfg.join_probe_budget, "join_pns_probes")
         self.nonce = rt.rng.getrandbits(62)
-        addr = self.seeds[self.attempt % len(self.seeds)]
         self._arm(cfg.join_timeout_s * (2**self.attempt))
         via = self._fallback() if self.attempt > 0 else None
         if via is not None:
@@ -234,7 +233,7 @@ class JoinProtocol:
             return
         if cfg.join_locate_rounds > 0:
             self.state = JoinState.LOCATING
-            self.locator.start(self.nonce, addr)
+            self.locator.start(self.nonce, self._seed_address())
             return
         self.state = JoinState.JOINING
         self.entry = None  # through an address: no node to hold silent
@@ -251,7 +250,7 @@ class JoinProtocol:
         msg = JoinRequest(self.nonce)
         via = self.entry
         if via is None:
-            rt.send_address(self.seeds[self.attempt % len(self.seeds)], msg)
+            rt.send_address(self._seed_address(), msg)
         else:
             rt.send(via, msg)
         if resend < core.config.join_probe_retries:
@@ -291,6 +290,10 @@ class JoinProtocol:
         self._arm(core.config.join_timeout_s * (2**self.attempt))
         self.entry = target  # None: nothing answered but the seed address itself
         self._request_join(0)
+
+    def _seed_address(self) -> Address:
+        """The seed this attempt asks (the seeds in turn, one per attempt)."""
+        return self.seeds[self.attempt % len(self.seeds)]
 
     def _fallback(self) -> NodeHandle | None:
         """The nearest node an earlier discovery measured that no attempt went silent through
