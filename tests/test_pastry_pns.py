@@ -34,6 +34,7 @@ from overlay.pastry.messages import (
     RowReply,
     TableAnnounce,
 )
+from overlay.pastry.routing_table import BOUND_STEP_S, RoutingTable
 from overlay.proximity import Ping, Pong
 from overlay.runtime import ManualRuntime
 from sim_adapter.latency import TransitStub
@@ -389,8 +390,67 @@ def test_malformed_hints_are_dropped_and_counted(msg: object) -> None:
 def test_wild_hint_values_read_as_unknown_or_clamped() -> None:
     from overlay.pastry.messages import MAX_HINT_S, check_hints
 
-    got = check_hints((math.nan, -1.0, math.inf, 0.25, 3), 5)
-    assert got == (-1.0, -1.0, MAX_HINT_S, 0.25, 3.0)
+    got = check_hints((math.nan, -1.0, math.inf, 0.25, 3, -math.inf, -3, -0.002), 8)
+    # a value in (-1, 0) is a sender's upper bound, negated: it goes through as it is
+    assert got == (-1.0, -1.0, MAX_HINT_S, 0.25, 3.0, -1.0, -1.0, -0.002)
+
+
+def test_an_entry_installed_on_its_bound_keeps_it_and_sends_it_on() -> None:
+    # A candidate installed unprobed, near enough by the triangle inequality, keeps that bound
+    # with its slot: later candidates for the slot do not probe it as "never measured", and
+    # the rows we send carry the bound (negated) where they carried -1.
+    rt, core = _core()
+    via = _h(0x30 << 152, 1)
+    core.prox.sample(via, 0.0005)
+    filler = _h(0x40 << 152, 4)  # slot (0, 4), empty
+    core.offer_hinted(via, (filler,), (0.0002,), budget=4)
+    assert core.table.get(0, 4) == filler and not _pings(rt)
+    bound = core.table.bound_of(filler)
+    assert bound is not None and 0.0007 <= bound < 0.0007 + BOUND_STEP_S
+    assert core.hints((filler, via, _h(0x50 << 152, 5))) == (-bound, 0.0005, -1.0)
+    # a rival whose bound says nothing (no hint) contests neither by probing it nor the entry
+    rival = _h(0x41 << 152, 6)
+    assert core.offer_hinted(via, (rival,), (), budget=4) == 0
+    assert core.table.get(0, 4) == filler and not _pings(rt)
+    # our own measurement supersedes the bound, in hints and in contests
+    core.prox.sample(filler, 0.004)
+    assert core.hints((filler,)) == (0.004,)
+    assert core.offer_hinted(via, (rival,), (), budget=4) == 1
+    # the bound belongs to the occupant: gone with it
+    core.table.remove(filler)
+    core.table.put(0, 4, rival)
+    assert core.table.bound_of(rival) is None and core.table.bound(0, 4) is None
+
+
+@pytest.mark.parametrize(("sent_bound_s", "probed"), [(0.0003, False), (0.002, True)])
+def test_a_senders_bound_bounds_the_candidate_from_above(sent_bound_s: float, probed: bool) -> None:
+    # Hint -u: the sender holds the candidate within u, unmeasured; with our RTT a to the
+    # sender, the candidate is within a + u of us (0.5 + 0.3 ms: near enough at 1 ms; 0.5 + 2
+    # ms is not, and the empty slot's new entry is probed to be measured)
+    rt, core = _core()
+    via = _h(0x30 << 152, 1)
+    core.prox.sample(via, 0.0005)
+    cand = _h(0x40 << 152, 4)
+    core.offer_hinted(via, (cand,), (-sent_bound_s,), budget=4)
+    assert core.table.get(0, 4) == cand
+    assert bool(_pings(rt)) is probed
+    assert (core.table.bound_of(cand) is None) is probed
+
+
+def test_slot_bounds_round_up_and_stay_with_their_entry() -> None:
+    table = RoutingTable(0x10 << 152)
+    a, b = _h(0x20 << 152, 2), _h(0x21 << 152, 3)
+    table.put(0, 2, a, 0.0001)  # rounded up to one step: still an upper bound
+    assert table.bound(0, 2) == BOUND_STEP_S and table.bound_of(a) == BOUND_STEP_S
+    assert table.bound_of(b) is None  # not the entry there
+    table.put(0, 2, b)  # another entry: the slot's bound went with the old one
+    assert table.bound(0, 2) is None
+    table.put(5, 3, a, 0.010)  # a deep row: the bound array grows to it
+    assert table.bound(5, 3) == pytest.approx(0.010)
+    table.put(0, 5, b, 0.1)  # beyond 255 steps: not worth keeping
+    assert table.bound(0, 5) is None
+    table.install_row(5, [None] * 16)
+    assert table.bound(5, 3) is None
 
 
 def test_row_swaps_skip_only_rows_whose_every_candidate_is_a_leaf_set_member() -> None:

@@ -425,11 +425,21 @@ class PastryCore(KbrCore):
         self.prox.probe(h, callback, hint=True, candidate=not self.leaf.fits(h.id))
 
     def hints(self, entries: Iterable[NodeHandle]) -> tuple[float, ...]:
-        """Our measured minimum RTT to each of ``entries`` (-1 = never measured): the RTT hints
-        sent along with routing candidates (see ``messages.py``)."""
+        """Our measured minimum RTT to each of ``entries``; for an entry never measured, the
+        upper bound its slot holds, negated (``-u``, ``0 < u < 1``), else -1: the RTT hints sent
+        along with routing candidates (see ``messages.py``)."""
         rtt = self.prox.rtt
+        bound = self.table.bound_of
+
+        def hint(h: NodeHandle) -> float:
+            r = rtt(h)
+            if r is not None:
+                return r
+            u = bound(h)
+            return -u if u is not None and u < 1.0 else -1.0
+
         # from a list, not a generator: a resized tuple parks on a freelist (overlay/wire.py)
-        return tuple([-1.0 if (r := rtt(h)) is None else r for h in entries])
+        return tuple([hint(h) for h in entries])
 
     def offer_hinted(
         self,
@@ -471,8 +481,12 @@ class PastryCore(KbrCore):
                 lo = hi = known
             else:
                 hint = rtts[i] if i < len(rtts) else -1.0
-                if a is not None and hint >= 0.0:
+                if a is None:
+                    lo, hi = 0.0, inf
+                elif hint >= 0.0:
                     lo, hi = abs(a - hint), a + hint
+                elif hint > -1.0:  # the sender's own upper bound, -u: ours is a + u
+                    lo, hi = 0.0, a - hint
                 else:
                     lo, hi = 0.0, inf
             # an empty slot first: filling a hole shortens routes more than a better entry
@@ -493,7 +507,9 @@ class PastryCore(KbrCore):
             rh = prox.rtt(h)
             if e is None:
                 if rh is not None or fill_unmeasured:
-                    table.put(row, col, h)
+                    # unmeasured and within near enough by its bound: the slot keeps the bound,
+                    # so the entry is not probed later as "unknown" (routing_table.py)
+                    table.put(row, col, h, hi if rh is None and hi <= near else None)
                     if rh is None and probes < budget and hi > near and h not in spare:
                         # measured now, so later candidates can be compared (not when its
                         # hints put it near enough: none would contest it)
@@ -507,6 +523,8 @@ class PastryCore(KbrCore):
                 table.put(row, col, h)
                 continue
             re = prox.rtt(e)
+            if re is None and (be := table.bound(row, col)) is not None and be <= near:
+                continue  # the occupant went in unprobed, near enough by its bound: as below
             if rh is not None and re is not None:
                 if rh < re:
                     table.put(row, col, h)

@@ -39,8 +39,13 @@ own measured minimum RTT to it (``rtts``, seconds; ``-1`` when unknown; empty = 
 its own RTT ``a`` to the sender, a receiver bounds a candidate's RTT by the triangle inequality,
 ``|a - h| <= rtt <= a + h``, and probes only candidates whose lower bound beats the entry they
 would replace, most promising first (Castro et al. 2003 note that probing dominates the cost of
-PNS). A hint only decides *whether to measure*: a slot changes hands on our own measurements
-alone, so a lying hint costs at most a bounded number of probes, never a slot.
+PNS). An entry the sender installed unprobed, on an upper bound ``u`` of its own (the table
+keeps it: ``routing_table.py``), goes as ``-u`` (``0 < u < 1`` s): the receiver's bound is then
+``0 <= rtt <= a + u``. A hint only decides *whether to measure*: a slot changes hands on our own
+measurements alone, so a lying hint costs at most a bounded number of probes, never a slot —
+except that an empty slot takes an unprobed candidate whose bound is within "near enough",
+and keeps it, unprobed, until traffic to it (a route ack, a row swap) measures it; a lying
+bound can hold such a slot that long.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from overlay.ids import NodeId
 from overlay.messages import Message, register
 
 Handles = tuple[NodeHandle, ...]
-#: per-entry RTT hints in seconds (-1 = unknown)
+#: per-entry RTT hints in seconds (-1 = unknown; -u, 0 < u < 1: at most u, not measured)
 Hints = tuple[float, ...]
 
 #: hints above this are clamped (no RTT on Earth is longer; a hint is only a probing priority)
@@ -216,8 +221,9 @@ def check_handles(items: object) -> tuple[NodeHandle, ...]:
 
 def check_hints(rtts: object, n: int) -> tuple[float, ...]:
     """Validate the RTT hints of ``n`` entries from the network: empty (no hints) or one number
-    per entry. Non-finite or negative values read as unknown (-1), large ones are clamped to
-    :data:`MAX_HINT_S` (numbers from the wire are clamped). Malformed → ValueError."""
+    per entry. A value in (-1, 0) is an upper bound, negated (module doc); NaN and values <= -1
+    read as unknown (-1), large ones are clamped to :data:`MAX_HINT_S` (numbers from the wire
+    are clamped). Malformed → ValueError."""
     if not isinstance(rtts, tuple | list):
         raise ValueError(f"expected a tuple of RTT hints, got {type(rtts).__name__}")
     if not rtts:
@@ -229,5 +235,5 @@ def check_hints(rtts: object, n: int) -> tuple[float, ...]:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError(f"not an RTT hint: {v!r}")
         f = float(v)
-        out.append(-1.0 if math.isnan(f) or f < 0.0 else min(f, MAX_HINT_S))
+        out.append(-1.0 if math.isnan(f) or f <= -1.0 else f if f < 0.0 else min(f, MAX_HINT_S))
     return tuple(out)
