@@ -97,6 +97,13 @@ class ProximityConfig:
     #: keep ``hint_probe_retries``, as a false verdict there would hold a live node out of a
     #: leaf set. Never more than ``hint_probe_retries``.
     candidate_probe_retries: int = 0
+    #: a probe's ping is sent again after this many smoothed RTTs (+ ``min_rto_s``) when that
+    #: is below its RTO, save the last one, which waits the full RTO: the verdict still comes
+    #: only after every ping had at least an RTO to be answered (a pong to an earlier ping
+    #: counts). Ours, as KbrConfig.hop_timeout_srtt_factor for hops: RFC 6298 starts RTTVAR
+    #: at half the first sample, so a peer sampled once has an RTO of three RTTs, and a
+    #: message waiting on a crashed root waited three such RTOs for the verdict. 0 = the RTO.
+    retransmit_srtt_factor: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
     #: a live peer no table references is forgotten after this long unreferenced (ours: long
@@ -601,7 +608,12 @@ class Proximity:
         rt = self.runtime
         nonce = rt.rng.getrandbits(32)
         now = rt.now()
-        timeout = min(self.config.max_rto_s, self.rto(h) * self.config.probe_backoff**attempt)
+        c = self.config
+        timeout = min(c.max_rto_s, self.rto(h) * c.probe_backoff**attempt)
+        if c.retransmit_srtt_factor > 0 and attempt < (retries if old is None else old.retries):
+            srtt = self.srtt(h)
+            if srtt is not None:
+                timeout = min(timeout, c.retransmit_srtt_factor * srtt + c.min_rto_s)
         timer = rt.call_later(timeout, lambda: self._probe_timeout(h, nonce))
         if old is None:
             pr = _Probe(h, nonce, now, timer, retries)

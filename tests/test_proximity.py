@@ -210,6 +210,39 @@ def test_probe_backoff_factor_spaces_the_retransmissions() -> None:
         ProximityConfig(probe_backoff=0.9)
 
 
+@pytest.mark.parametrize("factor", [0.0, 1.5])
+def test_pings_but_the_last_go_again_after_a_few_smoothed_rtts(factor: float) -> None:
+    """One sample of 0.2 s: SRTT 0.2, RTTVAR 0.1, RTO 0.6 s (RFC 6298 §2.2). With
+    ``retransmit_srtt_factor`` 1.5 the second and third pings leave 1.5 * 0.2 + 0.05 = 0.35 s
+    after the one before, and the last still waits a full RTO: DEAD at 0.35 + 0.35 + 0.6 =
+    1.3 s instead of 3 * 0.6 = 1.8 s. A pong to any of them up to the verdict answers it."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    cfg = ProximityConfig(probe_retries=2, probe_backoff=1.0, retransmit_srtt_factor=factor)
+    p = Proximity(rt, ME, cfg, on_dead=dead.append)
+    p.sample(PEER, 0.2)
+    assert p.rto(PEER) == pytest.approx(0.6)
+    p.probe(PEER)
+    sent: list[float] = []
+    for _ in range(1000):
+        sent += [rt.now() for _, m in rt.take_sent() if isinstance(m, Ping)]
+        if dead:
+            break
+        rt.advance(0.005)
+    step = 0.35 if factor else 0.6
+    assert sent == pytest.approx([0.0, step, 2 * step], abs=0.006)
+    assert rt.now() == pytest.approx(2 * step + 0.6, abs=0.006)
+    # the same probe again, and the first ping's pong comes just before the verdict
+    p2 = Proximity(rt, ME, cfg, on_dead=dead.append)
+    p2.sample(PEER, 0.2)
+    got: list[float | None] = []
+    p2.probe(PEER, got.append)
+    first = next(m for _, m in rt.take_sent() if isinstance(m, Ping))
+    rt.advance(2 * step + 0.59)
+    p2.on_pong(PEER, Pong(first.nonce, first.sent_at))
+    assert got == [pytest.approx(2 * step + 0.59)] and dead == [PEER]  # only the first's
+
+
 def test_a_late_pong_to_an_earlier_attempt_answers_the_probe_with_its_own_rtt() -> None:
     """A peer slower than our RTO is alive: the pong to the first ping, arriving after the
     retransmission, ends the probe (no DEAD verdict at any backoff) and is sampled against

@@ -71,7 +71,10 @@ def _pastry_proximity() -> ProximityConfig:
     # p99, at the same control traffic; an RTO below the true RTT now ends in a false verdict
     # where doubling would have waited (docs/reliability.md, "Probe timing", "What still falls
     # short").
-    return ProximityConfig(probe_retries=2, probe_backoff=1.0)
+    # Pings but the last go again after 1.5 smoothed RTTs (+ 50 ms) when that is below the RTO
+    # (``retransmit_srtt_factor``, the hops' factor): a peer sampled once has an RTO of three
+    # RTTs, and a lookup whose root had crashed waited three of them for the verdict.
+    return ProximityConfig(probe_retries=2, probe_backoff=1.0, retransmit_srtt_factor=1.5)
 
 
 @attrs.frozen
