@@ -597,6 +597,8 @@ class KbrCore(CustodyEngine, abc.ABC):
             nh = self._suspected_closer(msg.key, exclude)
             if nh is not None:
                 self.stats["sent_to_suspected"] += 1
+        if nh is None and self._hold_delivery(msg, exclude, reroutes, prev):
+            return
         if nh is None:
             self._record(msg, None)
             self.stats["delivered"] += 1
@@ -628,6 +630,18 @@ class KbrCore(CustodyEngine, abc.ABC):
             old.timer.cancel()
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
+
+    def _hold_delivery(
+        self,
+        msg: RouteMsg,
+        exclude: set[NodeHandle] | None,
+        reroutes: int,
+        prev: NodeHandle | None,
+    ) -> bool:
+        """Called where this node would deliver ``msg`` (no next hop): True if the overlay
+        keeps it to route it again later (an overlay that cannot yet tell it is the root);
+        none does here."""
+        return False
 
     def _on_route_ack(self, src: NodeHandle, msg: RouteAck) -> None:
         self._on_hop_acked(src, msg.msg_id)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from overlay.handle import NodeHandle
 from overlay.ids import RING, NodeId, closer
 from overlay.kbr import BaseApplication, RouteAck, RouteMsg
@@ -33,9 +35,11 @@ class _Sink(BaseApplication):
         self.got.append((payload, self.rt.now()))
 
 
-def _node(me: int, conns: list[int]) -> tuple[ManualRuntime, SmallWorldCore, _Sink]:
+def _node(
+    me: int, conns: list[int], cfg: SmallWorldConfig | None = None
+) -> tuple[ManualRuntime, SmallWorldCore, _Sink]:
     rt = ManualRuntime(seed=1)
-    core = SmallWorldCore(rt, _h(me), SmallWorldConfig())
+    core = SmallWorldCore(rt, _h(me), cfg if cfg is not None else SmallWorldConfig())
     core.mark_built()
     for c in conns:
         core.table.add(_h(c))
@@ -162,8 +166,13 @@ def test_a_root_whose_ack_was_lost_gets_the_message_once_it_answers() -> None:
     assert app.got == []
 
 
-def test_a_holder_waiting_on_a_dead_only_way_on_moves_when_the_probe_ends() -> None:
-    rt, core, app = _node(1000, [1500, 400])
+@pytest.mark.parametrize("hold_s", [0.0, 2.0])
+def test_a_holder_waiting_on_a_dead_only_way_on_moves_when_the_probe_ends(hold_s: float) -> None:
+    """The holder's only way on, 1500, is declared dead. It is also our nearest connection on
+    the key's side, so nothing tells us no live node lies between us and the key: the message
+    waits ``unsure_root_hold_s`` (asking past the gap, walking that side) before it is
+    delivered here; with 0 it is delivered the moment the verdict comes."""
+    rt, core, app = _node(1000, [1500, 400], SmallWorldConfig(unsure_root_hold_s=hold_s))
     key = NodeId(1600)  # 1500 is the only connection closer than us
     core.receive(_h(400), RouteMsg(key, "app", "w", _h(5), 45, 1))
     t_dead = None
@@ -176,6 +185,27 @@ def test_a_holder_waiting_on_a_dead_only_way_on_moves_when_the_probe_ends() -> N
     assert t_dead is not None
     ((payload, t_delivered),) = app.got
     assert payload == "w"
-    # delivered here (the oracle's next hop without 1500) the moment 1500 was declared dead
+    # delivered here (the oracle's next hop without 1500), ``hold_s`` after 1500's verdict
     assert _oracle_next(1000, 1600, [400]) is None
-    assert t_delivered - t_dead < 0.06 and core.stats["reroutes_on_dead"] == 1
+    assert abs(t_delivered - t_dead - hold_s) < 0.06  # t_dead: to the 0.05-s step
+    assert core.stats["reroutes_on_dead"] == 1
+    assert core.stats["held_unsure_root"] == (1 if hold_s else 0)
+
+
+def test_a_held_message_goes_through_a_near_node_linked_meanwhile() -> None:
+    """While the message waits (our nearest node on the key's side was declared dead), the
+    walk finds a live node between us and the key: the message goes to it at once, never
+    delivered here, as the greedy oracle requires."""
+    rt, core, app = _node(1000, [1500, 400])
+    core.receive(_h(400), RouteMsg(NodeId(1600), "app", "v", _h(5), 46, 1))
+    for _ in range(400):
+        rt.advance(0.05)
+        if core.prox.is_dead(_h(1500)):
+            break
+    assert core.stats["held_unsure_root"] == 1 and not app.got
+    rt.take_sent()
+    core.consider_near([_h(1550)])  # e.g. the walk's reply named it
+    routed = _routed(rt)
+    assert [d.id for d, _ in routed] == [_oracle_next(1000, 1600, [400, 1550])] == [1550]
+    rt.advance(5.0)
+    assert not app.got

@@ -41,10 +41,10 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from overlay.handle import Address, NodeHandle
-from overlay.ids import NodeId
+from overlay.ids import HALF_RING, RING, NodeId
 from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.kbr_pending import Hop
@@ -87,6 +87,11 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_CONFIG = SmallWorldConfig()
 _NO_SEEDS: tuple[Address, ...] = ()
+#: routed messages a node holds at most while it cannot tell it is their root
+_MAX_UNSURE_HELD = 64
+#: a side that lost a near neighbour counts as unsure this long at most (a repair walk that
+#: finds nobody new leaves it so: the side may simply have fewer nodes than the window)
+_GAP_MEMORY_S = 60.0
 
 
 class SmallWorldCore(KbrCore):
@@ -132,6 +137,14 @@ class SmallWorldCore(KbrCore):
         #: per side (True: clockwise), when a routed message that found no live way on last
         #: asked past the gap (``exchange.ask_past_gap``; created on first use)
         self.gap_asked: dict[bool, float] | None = None
+        #: routed messages held because we could not tell we are their root
+        #: (``unsure_root_hold_s``): (origin id, msg id) -> step arguments; created on use
+        self._unsure_held: dict[tuple[int, int], tuple[Any, ...]] | None = None
+        #: the message being stepped again after its hold (it is not held twice)
+        self._unsure_released: tuple[int, int] | None = None
+        #: per side, when a near neighbour there was declared dead and the side has not had
+        #: ``near_per_side`` live near connections since (created on first use)
+        self._gap_since: dict[int, float] | None = None
         if not type(self).__dict__.get("_sw_handlers_installed", False):
             self._install_handlers()
 
@@ -340,6 +353,10 @@ class SmallWorldCore(KbrCore):
         self.stats["connections_lost"] += 1
         self._near_changed(before)
         if was_near:
+            gaps = self._gap_since
+            if gaps is None:
+                gaps = self._gap_since = {}
+            gaps[side_id] = self.runtime.now()
             _mnt.near_lost(self, h, side_id, side)
         if was_out and self.ready:
             if self.config.reuse_shortcuts:
@@ -360,6 +377,95 @@ class SmallWorldCore(KbrCore):
         super()._hop_timeout(mid, hop)
         if self._pending.get(mid) is hop and self.ready and not self.stopped:
             _xch.ask_past_gap(self, hop.msg.key)
+
+    def _hold_delivery(
+        self,
+        msg: RouteMsg,
+        exclude: set[NodeHandle] | None,
+        reroutes: int,
+        prev: NodeHandle | None,
+    ) -> bool:
+        """Hold ``msg``, which we would deliver, while we cannot tell we are its key's root
+        (:meth:`_unsure_side`): delivering here was the ``root_unknown`` delivery under
+        5-minute sessions. We ask past the gap and walk that side; the message is routed
+        again once a near connection linked meanwhile makes us sure, or after
+        ``unsure_root_hold_s`` (delivered here then if no closer node turned up)."""
+        wait = self.config.unsure_root_hold_s
+        if wait <= 0 or not self.ready or self.stopped:
+            return False
+        k = (msg.origin.id, msg.msg_id)
+        if k == self._unsure_released:
+            return False
+        side_id = self._unsure_side(msg.key, exclude)
+        if side_id is None:
+            return False
+        held = self._unsure_held
+        if held is None:
+            held = self._unsure_held = {}
+        if k in held:
+            return True  # a second copy: the first waits here already
+        if len(held) >= _MAX_UNSURE_HELD:
+            return False
+        held[k] = (msg, exclude, reroutes, prev)
+        self.stats["held_unsure_root"] += 1
+        _xch.ask_past_gap(self, int(msg.key))  # at most once per maintenance interval
+        if len(held) == 1:  # one walk for the messages held together
+            _mnt.walk_near(self, (side_id,), frozenset(exclude or ()))
+        self.runtime.call_later(wait, lambda: self._release_unsure(k))
+        return True
+
+    def _unsure_side(self, key: int, exclude: set[NodeHandle] | None) -> int | None:
+        """The side of ``key`` (RIGHT / LEFT) if we cannot tell whether live nodes lie between
+        us and it: our nearest connection on that side is suspected, dead or excluded, or
+        that side lost a near neighbour and has not had ``near_per_side`` live ones since (for
+        at most ``_GAP_MEMORY_S``); else None."""
+        t = self.table
+        right = (int(key) - int(self.id)) % RING <= HALF_RING
+        side_id = RIGHT if right else LEFT
+        side = t.right() if right else t.left()
+        bad = self.prox.bad
+        live = [h for h in side if h not in bad and not (exclude and h in exclude)]
+        gaps = self._gap_since
+        since = gaps.get(side_id) if gaps is not None else None
+        if (
+            gaps is not None
+            and since is not None
+            and (
+                len(live) >= self.config.near_per_side or self.runtime.now() - since > _GAP_MEMORY_S
+            )
+        ):
+            del gaps[side_id]
+            since = None
+        if (side and side[0] not in live) or since is not None:
+            return side_id
+        return None
+
+    def _release_unsure(self, k: tuple[int, int] | None = None) -> None:
+        """Route held message ``k`` again, its time being up; with None (a near connection was
+        linked), every held message that now has a way on or that we are no longer unsure of."""
+        held = self._unsure_held
+        if not held or self.stopped:
+            return
+        keys = list(held) if k is None else [k]
+        for key in keys:
+            item = held.get(key)
+            if item is None:
+                continue
+            msg, exclude, reroutes, prev = item
+            if (
+                k is None
+                and self.next_hop(msg.key, exclude) is None
+                and self._unsure_side(msg.key, exclude) is not None
+            ):
+                continue  # no way on yet, and still unsure: it waits for its time
+            del held[key]
+            self._unsure_released = key
+            try:
+                self._step(msg, exclude, None, reroutes, prev)
+            finally:
+                self._unsure_released = None
+        if not held:
+            self._unsure_held = None
 
     def _reroute_past_suspected(self) -> None:
         """A connection was added: each message retransmitted to a suspected next hop for want
@@ -403,6 +509,8 @@ class SmallWorldCore(KbrCore):
         after = self.table.near_nodes()
         if after == before:
             return
+        if self._unsure_held and any(h not in before for h in after):
+            self._release_unsure()
         gone = [h for h in before if h not in after]
         new = [h for h in after if h not in before]
         if self._has_user_apps():
