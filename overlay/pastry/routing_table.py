@@ -55,8 +55,9 @@ class RoutingTable:
         self.rows: list[Row | None] = [None] * self.nrows
         self._n = 0  # filled entries
         #: RTT bound codes per slot, row-major, grown to the deepest row that got one
-        #: (0 = none; see the module doc)
-        self._bounds = bytearray()
+        #: (0 = none; see the module doc); None until the first bound (a simulated node on a
+        #: network with no two hosts that near never makes one)
+        self._bounds: bytearray | None = None
         #: the entries as a container (``h in table.members``): the table itself, held in a
         #: slot rather than returned by a property, which would cost a call on every hop
         self.members: RoutingTable = self
@@ -80,13 +81,17 @@ class RoutingTable:
     def bound(self, row: int, col: int) -> float | None:
         """The upper bound on our RTT to the entry at (row, col) that it was installed with,
         unprobed (None: no bound kept — the entry was measured or installed without one)."""
-        i = row * self.cols + col
         b = self._bounds
+        if b is None:
+            return None
+        i = row * self.cols + col
         code = b[i] if i < len(b) else 0
         return code * BOUND_STEP_S if code else None
 
     def bound_of(self, h: NodeHandle) -> float | None:
         """:meth:`bound` of ``h``'s slot, if ``h`` is the entry there; else None."""
+        if self._bounds is None:
+            return None
         slot = self.slot_of(h.id)
         if slot is None or self.get(*slot) != h:
             return None
@@ -166,6 +171,10 @@ class RoutingTable:
             if code > _BOUND_MAX:
                 code = 0
         b = self._bounds
+        if b is None:
+            if not code:
+                return
+            b = self._bounds = bytearray()
         if i >= len(b):
             if not code:
                 return
