@@ -178,11 +178,8 @@ class HopEngine:
         hop.sent_at = rt.now()
         prox = self.prox
         timeout = min(prox.config.max_rto_s, prox.rto(hop.nh) * (2**hop.attempt))
-        factor = self.kbr_config.hop_timeout_srtt_factor
-        if hop.attempt == 0 and factor > 0:
-            srtt = prox.srtt(hop.nh)
-            if srtt is not None:
-                timeout = min(timeout, factor * srtt + prox.config.min_rto_s)
+        if hop.attempt == 0:
+            timeout = prox.srtt_capped(hop.nh, timeout, self.kbr_config.hop_timeout_srtt_factor)
         mid = hop.msg.msg_id
         hop.timer = rt.call_later(timeout, lambda: self._hop_timeout(mid, hop))
         rt.send(hop.nh, hop.msg)

@@ -610,10 +610,8 @@ class Proximity:
         now = rt.now()
         c = self.config
         timeout = min(c.max_rto_s, self.rto(h) * c.probe_backoff**attempt)
-        if c.retransmit_srtt_factor > 0 and attempt < (retries if old is None else old.retries):
-            srtt = self.srtt(h)
-            if srtt is not None:
-                timeout = min(timeout, c.retransmit_srtt_factor * srtt + c.min_rto_s)
+        if attempt < (retries if old is None else old.retries):  # the last waits its RTO
+            timeout = self.srtt_capped(h, timeout, c.retransmit_srtt_factor)
         timer = rt.call_later(timeout, lambda: self._probe_timeout(h, nonce))
         if old is None:
             pr = _Probe(h, nonce, now, timer, retries)
@@ -627,6 +625,18 @@ class Proximity:
         self.probes_sent += 1
         rt.send(h, Ping(nonce, now))
         return pr
+
+    def srtt_capped(self, h: NodeHandle, timeout_s: float, factor: float) -> float:
+        """``timeout_s``, or ``factor`` smoothed RTTs of ``h`` plus ``min_rto_s`` when that is
+        shorter (``factor`` 0, or ``h`` never sampled: ``timeout_s``). The early timer of a
+        hop's first transmission (KbrConfig.hop_timeout_srtt_factor) and of a probe's pings
+        but the last (``retransmit_srtt_factor``): a premature one costs a datagram, while
+        RFC 6298's RTO of a peer sampled once is three RTTs."""
+        if factor > 0:
+            srtt = self.srtt(h)
+            if srtt is not None:
+                return min(timeout_s, factor * srtt + self.config.min_rto_s)
+        return timeout_s
 
     def _probe_timeout(self, h: NodeHandle, nonce: int) -> None:
         pr = self._by_nonce.get(nonce)
