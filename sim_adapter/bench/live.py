@@ -98,8 +98,8 @@ async def _worker(
     # Everything a node will import is imported before the baseline, as kademlia's script
     # imports its package before its own baseline (the Pastry core is otherwise imported
     # lazily by the first Node and would be charged to the nodes; cryptography loads its
-    # OpenSSL backend module at the first X25519 key, a signed node's first pair frame: ~0.2
-    # MiB once per process, which at 300 nodes read as ~0.8 KiB per node).
+    # OpenSSL backend module lazily, at the first key object it needs: ~0.2 MiB once per
+    # process, which at 300 nodes read as ~0.8 KiB per node).
     import cryptography.hazmat.backends.openssl.backend  # noqa: F401
     import trio
 
