@@ -63,7 +63,7 @@ from overlay.errors import (
     UnknownApplicationError,
 )
 from overlay.handle import Address, NodeHandle
-from overlay.ids import NodeId
+from overlay.ids import NodeId, closer
 from overlay.kbr_custody import CustodyEngine
 from overlay.kbr_pending import Hop
 from overlay.messages import Message, register
@@ -578,21 +578,25 @@ class KbrCore(CustodyEngine, abc.ABC):
         if app is None:
             self.stats["dropped_unknown_app"] += 1
             return
-        if (
-            nh is None
-            and prev is not None
-            and not self.ready
-            and self.kbr_config.bounce_unready
-            and prev not in self.prox.bad
-            and self.is_joining()
-        ):
-            # Not active yet: not responsible for any key. Held for a moment (the join may end
-            # now), else back to the previous hop, which sees the message return with more hops
-            # and routes it on avoiding us (``_on_route``).
-            if self._hold_unready(msg, exclude, reroutes, prev):
-                return
-            self.stats["bounced_unready"] += 1
-            nh = prev
+        if nh is None and not self.ready and self.kbr_config.bounce_unready and self.is_joining():
+            if prev is not None and prev not in self.prox.bad:
+                # Not active yet: not responsible for any key. Held for a moment (the join may
+                # end now), else back to the previous hop, which sees the message return with
+                # more hops and routes it on avoiding us (``_on_route``).
+                if self._hold_unready(msg, exclude, reroutes, prev):
+                    return
+                self.stats["bounced_unready"] += 1
+                nh = prev
+            else:
+                # Nobody to send it back to: our own message, or the custody copy of one we
+                # sent back to a node that died holding it. Not delivered here either (traced
+                # under 5-minute sessions: the active root, retrying the joiner that had sent
+                # the lookup back, crashed in between, and the joiner, active 20 s later only,
+                # delivered it: "root_excluded"); it goes to the known live node closest to
+                # the key, as if we were not in the ring yet.
+                nh = self._closest_other(msg.key, exclude)
+                if nh is not None:
+                    self.stats["unready_passed_on"] += 1
         if nh is None and self.kbr_config.wait_for_suspected:
             nh = self._suspected_closer(msg.key, exclude)
             if nh is not None:
@@ -630,6 +634,18 @@ class KbrCore(CustodyEngine, abc.ABC):
             old.timer.cancel()
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
+
+    def _closest_other(self, key: NodeId, exclude: set[NodeHandle] | None) -> NodeHandle | None:
+        """The known node closest to ``key`` other than us, not suspected and not in
+        ``exclude`` (None if there is none): where a joining node sends what it cannot deliver."""
+        bad = self.prox.bad
+        best: NodeHandle | None = None
+        for h in self.known_nodes():
+            if h == self.handle or h in bad or (exclude and h in exclude):
+                continue
+            if best is None or closer(key, h.id, best.id):
+                best = h
+        return best
 
     def _hold_delivery(
         self,

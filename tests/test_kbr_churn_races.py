@@ -383,6 +383,43 @@ def test_a_joining_node_that_rerouted_sends_the_lookup_back_rather_than_deliver_
     assert w.got == [(r, "k")]
 
 
+@pytest.mark.parametrize("ready_after_s", [None, 3.0])
+def test_a_joining_node_passes_on_the_copy_a_dead_node_held_rather_than_deliver_it(
+    ready_after_s: float | None,
+) -> None:
+    # Traced (Pastry, N = 2000, 5-min sessions, 1 % loss, seed 1; all three "root_excluded"
+    # deliveries of the run): X, the active root, offered the lookup to J, closer to the key
+    # and still joining, which sent it back; X tried J again with doubling waits (the retries
+    # of ``retry_bounced_s``) and crashed between two of them, 14 s on. J's custody copy of
+    # its last send to X came back to J when X was declared dead; with nobody to send it back
+    # to (X dead), J delivered it, 20 s before its join ended, in place of R, the next active
+    # node. It now passes it to R, the known live node closest to the key.
+    key = 1000
+    s, j, x, r = 100, 1001, 1003, 1006
+    w = _Wire([s, x, r], _PASTRY_LIKE, dead=set())
+    joining = w.add_joining(j, _PASTRY_LIKE)
+    w.knows(s, x)
+    w.knows(x, j, r)
+    w.knows(j, x, r)
+    w.knows(r, j, x)  # R knows J too, and offers it the lookup in turn
+    w.cores[s].route(NodeId(key), "app", "k")
+    w.pump()
+    assert joining.stats["bounced_unready"] == 1 and w.got == []
+    w.cores[x].stop()  # X crashes while it waits to try J again
+    w.dead.add(x)
+    if ready_after_s is None:
+        w.advance(120.0)  # J never becomes active: R is the closest active node throughout
+        assert w.got == [(r, "k")]
+    else:
+        assert w.advance_until_dead(j, x)
+        w.advance(ready_after_s)
+        assert (j, "k") not in w.got  # not delivered while J was joining
+        joining.ready = True  # J's join ends: it is the root from then on
+        w.advance(60.0)
+        assert w.got in ([(r, "k")], [(j, "k")])  # once, at an active node
+    assert joining.stats["unready_passed_on"] == 1
+
+
 @pytest.mark.parametrize("ready_after_s", [1.0, 4.0, 12.0])
 def test_a_root_that_sent_a_lookup_back_is_tried_again_before_delivering_in_its_place(
     ready_after_s: float,
