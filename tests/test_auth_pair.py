@@ -75,6 +75,22 @@ def test_conversion_matches_the_independently_derived_x25519_key() -> None:
     assert x25519_public_from_ed25519((1).to_bytes(32, "little")) is None
 
 
+def test_a_small_order_peer_key_gets_no_pair_frame_and_opens_none() -> None:
+    # y = -1 encodes the Ed25519 point of order 2, whose Montgomery form is u = 0: X25519 with
+    # it gives the all-zero secret, which libsodium refuses (as OpenSSL did): no frame is
+    # sealed to it, and a frame claiming it as sender is refused as forged
+    bad = ((1 << 255) - 20).to_bytes(32, "little")
+    assert x25519_public_from_ed25519(bad) == bytes(32)
+    clock = Clock()
+    a = Party(90, clock)
+    assert a.pair.seal(bad, key_hash(bad), a.signer.next_seq(), "udp://1:1", b"x") is None
+    assert a.pair.derivations == 0
+    frame = bytearray(Party(91, clock).seal_to(a, b"y"))
+    frame[1:33] = bad  # the sender key the frame names
+    assert a.open(bytes(frame)) is None
+    assert a.verifier.counters["forged"] == 1
+
+
 def test_a_frame_opens_once_at_its_receiver_only() -> None:
     clock = Clock()
     a, b, c = Party(1, clock), Party(2, clock), Party(3, clock)
