@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from overlay.handle import Address, NodeHandle
-from overlay.ids import HALF_RING, RING, NodeId
+from overlay.ids import HALF_RING, NodeId
 from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.kbr_pending import Hop
@@ -420,7 +420,7 @@ class SmallWorldCore(KbrCore):
         that side lost a near neighbour and has not had ``near_per_side`` live ones since (for
         at most ``_GAP_MEMORY_S``); else None."""
         t = self.table
-        right = (int(key) - int(self.id)) % RING <= HALF_RING
+        right = t.cw(int(key)) <= HALF_RING
         side_id = RIGHT if right else LEFT
         side = t.right() if right else t.left()
         bad = self.prox.bad

@@ -141,8 +141,7 @@ def ask_past_gap(core: SmallWorldHost, key: int) -> None:
     Measured there too: about one query in eight saves a message — the nearest live
     connection is often a shortcut far beyond the gap, which knows nothing of it either."""
     t = core.table
-    me = core.id
-    right = (key - me) % RING <= HALF_RING
+    right = t.cw(key) <= HALF_RING
     now = core.runtime.now()
     asked = core.gap_asked
     if asked is None:
