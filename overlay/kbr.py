@@ -604,20 +604,14 @@ class KbrCore(CustodyEngine, abc.ABC):
         if nh is None and self._hold_delivery(msg, exclude, reroutes, prev):
             return
         if nh is None:
-            self._record(msg, None)
-            self.stats["delivered"] += 1
-            self._handed_on(prev, msg)
-            app.deliver(msg.key, msg.payload, msg.origin)
+            self._deliver_to(app, msg, prev)
             return
         nh2 = app.forward(msg.key, msg.payload, nh)
         if nh2 is None:
             self.stats["stopped_by_app"] += 1
             return
         if nh2 == self.handle:
-            self._record(msg, None)
-            self.stats["delivered"] += 1
-            self._handed_on(prev, msg)
-            app.deliver(msg.key, msg.payload, msg.origin)
+            self._deliver_to(app, msg, prev)
             return
         resent = self._tried(msg, nh2)
         self._record(msg, nh2)
@@ -634,6 +628,21 @@ class KbrCore(CustodyEngine, abc.ABC):
             old.timer.cancel()
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
+
+    def _deliver_to(self, app: Application, msg: RouteMsg, prev: NodeHandle | None) -> None:
+        """Deliver ``msg`` here. An application that rejects its payload raises (junk under its
+        name); that is counted as malformed and dropped here, because a message held or
+        rerouted is stepped again from a timer, where nothing else would catch it."""
+        self._record(msg, None)
+        self.stats["delivered"] += 1
+        self._handed_on(prev, msg)
+        try:
+            app.deliver(msg.key, msg.payload, msg.origin)
+        except Exception:
+            self.stats["dropped_malformed"] += 1
+            log.debug(
+                "application %r rejected a delivery from %r", msg.app, msg.origin, exc_info=True
+            )
 
     def _closest_other(self, key: NodeId, exclude: set[NodeHandle] | None) -> NodeHandle | None:
         """The known node closest to ``key`` other than us, not suspected and not in

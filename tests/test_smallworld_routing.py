@@ -209,3 +209,29 @@ def test_a_held_message_goes_through_a_near_node_linked_meanwhile() -> None:
     assert [d.id for d, _ in routed] == [_oracle_next(1000, 1600, [400, 1550])] == [1550]
     rt.advance(5.0)
     assert not app.got
+
+
+class _Rejects(BaseApplication):
+    """An application that rejects a payload it cannot parse (as the link application rejects
+    junk under its name) by raising."""
+
+    def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
+        raise ValueError(f"not a payload of ours: {payload!r}")
+
+
+def test_a_held_message_its_application_rejects_is_dropped_and_counted_at_release() -> None:
+    """A message held while we cannot tell we are its root is stepped again from a timer, not
+    from the receive path that catches what a bad payload raises. Its application rejects it
+    there: the node counts it as malformed and goes on (found by the well-formed-lies fuzzer:
+    junk under the link application's name, held, then released)."""
+    rt, core, _ = _node(1000, [1500, 400])
+    core.register("picky", _Rejects())
+    core.receive(_h(400), RouteMsg(NodeId(1600), "picky", "junk", _h(5), 47, 1))
+    for _ in range(400):
+        rt.advance(0.05)  # 1500's verdict, the hold, its release: none may raise
+        if core.stats["dropped_malformed"]:
+            break
+    assert core.stats["held_unsure_root"] == 1
+    assert core.stats["dropped_malformed"] == 1 and core.stats["delivered"] == 1
+    core.receive(_h(400), RouteMsg(NodeId(900), "app", "ok", _h(5), 48, 1))
+    assert core.stats["forwarded"] >= 1  # still routing
