@@ -227,6 +227,49 @@ def test_custody_delivers_a_one_way_lookup_whose_holder_crashed() -> None:
     assert stats["custody_held"] >= 2 and stats["custody_released"] >= 1
 
 
+def test_a_source_that_dies_before_its_first_hop_acks_is_named_as_the_cause() -> None:
+    """One-way: the first hop has crashed (not yet detected) and the source crashes 1 ms after
+    it sent its lookup there, before it could retransmit or reroute. Nobody else ever held the
+    lookup: the loss is ``source_crashed``, not a holder's."""
+    import random
+
+    from overlay.ids import NodeId
+    from sim_adapter.network import Network
+
+    net = Network(seed=5)
+    cr = churn._ChurnRun(args(), net)
+    nodes = net.spawn(100, overlay="pastry", build="oracle")
+    for n in nodes:
+        cr.attach(n)
+        cr.activate(n)
+    net.run(30.0)
+    cr.measuring = True
+    src = nodes[0]
+    real_forward = churn._Probe.forward
+
+    def forward(self: Any, k: NodeId, payload: Any, next_hop: Any) -> Any:
+        out = real_forward(self, k, payload, next_hop)
+        if self.node is src and src.alive:
+            first = net.node_by_id(int(next_hop.id))
+            cr.deactivate(first)
+            net.crash(first)
+            net.engine.push(net.now + 0.001, cr.depart, (src,))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(churn._Probe, "forward", forward)
+        cr.rng = random.Random(3)
+        cr.active = [src]
+        cr.pos = {src.index: 0}
+        cr.launch()
+        cr.active = [n for n in nodes if n.alive]
+        cr.pos = {n.index: i for i, n in enumerate(cr.active)}
+        net.run(cr.args.lookup_timeout_s + 1.0)
+    c = cr.c
+    assert not src.alive and c["launched"] == 1 and c["correct"] == 0
+    assert c["source_crashed"] == 1 and c["holder_crashed"] == 0 and c["dropped"] == 0
+
+
 def test_bad_tries_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="--tries"):
         churn.run(args(tries=0))
