@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +143,17 @@ def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> No
         churn.run(args(overlay="smallworld", set=["heartbeat_left_only=false"]))
 
 
-def _lookup_through_a_crashing_holder(
-    tries: int, key_seed: int, custody: bool = False
-) -> tuple[dict[str, int], bool, Any]:
-    """One lookup on a settled 300-node ring whose second hop ``B`` finds its next hop ``C``
-    crashed unseen and then crashes itself while it waits for ``C``'s ack: the case the per-hop
-    acks cannot save (the previous hop already has ``B``'s ack) unless the previous hop keeps
-    custody of the message (``KbrConfig.custody``). Returns the run's counters, whether the
-    crash happened (the lookup took at least three hops), and the network."""
+def _one_lookup(
+    tries: int,
+    key_seed: int,
+    crash: Callable[[Any, Any, Any, Any], None],
+    n: int = 300,
+    custody: bool = True,
+) -> tuple[dict[str, int], Any, Any]:
+    """One lookup from node 0 of a settled ``n``-node Pastry ring (one-way if ``tries`` is 1),
+    with ``crash(net, run, node, next_hop)`` called after each ``forward`` upcall on the way
+    so that it can crash nodes as the lookup passes. Returns the run's counters, the network
+    and the source."""
     import random
 
     import attrs
@@ -162,25 +166,18 @@ def _lookup_through_a_crashing_holder(
     cr = churn._ChurnRun(args(tries=tries), net)
     base = PastryConfig()
     config = attrs.evolve(base, kbr=attrs.evolve(base.kbr, custody=custody))
-    nodes = net.spawn(300, overlay="pastry", build="oracle", config=config)
-    for n in nodes:
-        cr.attach(n)
-        cr.activate(n)
+    nodes = net.spawn(n, overlay="pastry", build="oracle", config=config)
+    for x in nodes:
+        cr.attach(x)
+        cr.activate(x)
     net.run(30.0)
     cr.measuring = True
     src = nodes[0]
-    fired: list[bool] = []
     real_forward = churn._Probe.forward
 
     def forward(self: Any, k: NodeId, payload: Any, next_hop: Any) -> Any:
         out = real_forward(self, k, payload, next_hop)
-        if not fired and self.node is not src:
-            fired.append(True)
-            c = net.node_by_id(int(next_hop.id))
-            # C is dead before the message reaches it; B dies 50 ms later, inside its RTO
-            cr.deactivate(c)
-            net.crash(c)
-            net.engine.push(net.now + 0.05, cr.depart, (self.node,))
+        crash(net, cr, self.node, next_hop)
         return out
 
     with pytest.MonkeyPatch.context() as mp:
@@ -189,10 +186,33 @@ def _lookup_through_a_crashing_holder(
         cr.active = [src]  # the one lookup leaves ``src``
         cr.pos = {src.index: 0}
         cr.launch()
-        cr.active = [n for n in nodes if n.alive]
-        cr.pos = {n.index: i for i, n in enumerate(cr.active)}
+        cr.active = [x for x in nodes if x.alive]
+        cr.pos = {x.index: i for i, x in enumerate(cr.active)}
         net.run(cr.args.lookup_timeout_s + 1.0)
-    return cr.c, bool(fired), net
+    return cr.c, net, src
+
+
+def _lookup_through_a_crashing_holder(
+    tries: int, key_seed: int, custody: bool = False
+) -> tuple[dict[str, int], bool, Any]:
+    """One lookup on a settled 300-node ring whose second hop ``B`` finds its next hop ``C``
+    crashed unseen and then crashes itself while it waits for ``C``'s ack: the case the per-hop
+    acks cannot save (the previous hop already has ``B``'s ack) unless the previous hop keeps
+    custody of the message (``KbrConfig.custody``). Returns the run's counters, whether the
+    crash happened (the lookup took at least three hops), and the network."""
+    fired: list[bool] = []
+
+    def crash(net: Any, cr: Any, node: Any, next_hop: Any) -> None:
+        if not fired and node.index != 0:
+            fired.append(True)
+            c = net.node_by_id(int(next_hop.id))
+            # C is dead before the message reaches it; B dies 50 ms later, inside its RTO
+            cr.deactivate(c)
+            net.crash(c)
+            net.engine.push(net.now + 0.05, cr.depart, (node,))
+
+    c, net, _ = _one_lookup(tries, key_seed, crash, custody=custody)
+    return c, bool(fired), net
 
 
 def _first_key_seed_through_a_crashing_holder() -> int:
@@ -231,41 +251,15 @@ def test_a_source_that_dies_before_its_first_hop_acks_is_named_as_the_cause() ->
     """One-way: the first hop has crashed (not yet detected) and the source crashes 1 ms after
     it sent its lookup there, before it could retransmit or reroute. Nobody else ever held the
     lookup: the loss is ``source_crashed``, not a holder's."""
-    import random
 
-    from overlay.ids import NodeId
-    from sim_adapter.network import Network
-
-    net = Network(seed=5)
-    cr = churn._ChurnRun(args(), net)
-    nodes = net.spawn(100, overlay="pastry", build="oracle")
-    for n in nodes:
-        cr.attach(n)
-        cr.activate(n)
-    net.run(30.0)
-    cr.measuring = True
-    src = nodes[0]
-    real_forward = churn._Probe.forward
-
-    def forward(self: Any, k: NodeId, payload: Any, next_hop: Any) -> Any:
-        out = real_forward(self, k, payload, next_hop)
-        if self.node is src and src.alive:
+    def crash(net: Any, cr: Any, node: Any, next_hop: Any) -> None:
+        if node.index == 0 and node.alive:
             first = net.node_by_id(int(next_hop.id))
             cr.deactivate(first)
             net.crash(first)
-            net.engine.push(net.now + 0.001, cr.depart, (src,))
-        return out
+            net.engine.push(net.now + 0.001, cr.depart, (node,))
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(churn._Probe, "forward", forward)
-        cr.rng = random.Random(3)
-        cr.active = [src]
-        cr.pos = {src.index: 0}
-        cr.launch()
-        cr.active = [n for n in nodes if n.alive]
-        cr.pos = {n.index: i for i, n in enumerate(cr.active)}
-        net.run(cr.args.lookup_timeout_s + 1.0)
-    c = cr.c
+    c, _, src = _one_lookup(1, 3, crash, n=100)
     assert not src.alive and c["launched"] == 1 and c["correct"] == 0
     assert c["source_crashed"] == 1 and c["holder_crashed"] == 0 and c["dropped"] == 0
 
