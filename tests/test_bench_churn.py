@@ -139,8 +139,27 @@ def test_set_overrides_the_pastry_config_and_counters_explain_the_probes() -> No
         assert r["node_stats_per_s_per_node"]["probes_sent"] == pytest.approx(
             r["msgs_per_s_per_node_by_type"]["Ping"], rel=0.02
         )
-    with pytest.raises(ConfigError):
+    assert both["config_overrides"] == ["heartbeat_left_only=false"]
+    with pytest.raises(ConfigError, match="heartbeat_left_only"):  # a Pastry knob
         churn.run(args(overlay="smallworld", set=["heartbeat_left_only=false"]))
+
+
+def test_set_overrides_the_small_world_config() -> None:
+    """``--set`` reaches the ring's nodes too, a nested field as well: the oracle build's nodes
+    and those that arrive later all run with three near neighbours a side and 4 reroutes."""
+    seen: list[int] = []
+    real = churn._ChurnRun.attach
+
+    def attach(self: Any, node: Any) -> None:
+        seen.append(node.core.config.near_per_side * 10 + node.core.kbr_config.max_reroutes)
+        real(self, node)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(churn._ChurnRun, "attach", attach)
+        r = churn.run(args(overlay="smallworld", set=["near_per_side=3", "kbr.max_reroutes=4"]))
+    assert r["config_overrides"] == ["near_per_side=3", "kbr.max_reroutes=4"]
+    assert r["arrivals"] > 10 and set(seen) == {34}
+    assert r["msgs_per_s_per_node_by_type"]["NearList"] > 0
 
 
 def _one_lookup(

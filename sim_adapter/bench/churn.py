@@ -140,7 +140,7 @@ class _ChurnRun:
     def __init__(self, args: argparse.Namespace, net: Network) -> None:
         self.args = args
         self.net = net
-        #: ``--set`` overrides (Pastry only), given to every node that arrives
+        #: the overlay's config with the ``--set`` overrides, given to every node that arrives
         self.config: Any = None
         self.rng = random.Random(net.rng.getrandbits(64))
         self.active: list[SimNode] = []  # joined and alive: lookup sources
@@ -454,11 +454,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cr = _ChurnRun(args, net)
     cr.count_lookup_notices()
     if getattr(args, "set", None):
-        if args.overlay != "pastry":
-            raise ConfigError("--set overrides PastryConfig fields: only with --overlay pastry")
+        from overlay.pastry import PastryConfig
+        from overlay.smallworld import SmallWorldConfig
         from sim_adapter.bench.pastry import _config
 
-        cr.config = _config(args.set)
+        cls = PastryConfig if args.overlay == "pastry" else SmallWorldConfig
+        cr.config = _config(args.set, cls)
     rng = cr.rng
     session_s = args.session_min * 60.0
     warm_s = args.warmup_min * 60.0
@@ -559,6 +560,7 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "warmup_min": args.warmup_min,
         "hours": args.hours,
         "lookup_rate_per_node_s": args.lookup_rate,
+        "config_overrides": list(getattr(args, "set", None) or ()),
         "tries": args.tries,
         "try_timeout_s": bench.r(args.try_timeout_s, 3) if args.tries > 1 else None,
         "seed": args.seed,
@@ -680,6 +682,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--set",
         action="append",
         metavar="FIELD=VALUE",
-        help="Pastry only: override a PastryConfig field (repeatable), as in bench pastry",
+        help="override a field of the overlay's config (PastryConfig or SmallWorldConfig; "
+        "GROUP.FIELD for a nested one, e.g. kbr.custody=false), repeatable",
     )
     p.set_defaults(func=_main)

@@ -217,15 +217,20 @@ def route_breakdown(net: Network, lat: Any, pairs: Sequence[tuple[Any, NodeId]])
     }
 
 
-def _config(pairs: Sequence[str]) -> Any:
-    """A PastryConfig with ``field=value`` overrides (values parsed as JSON numbers/booleans);
-    ``group.field=value`` overrides a field of a nested config (``kbr``, ``proximity``)."""
+def _config(pairs: Sequence[str], cls: type[Any] | None = None) -> Any:
+    """A ``cls`` (default PastryConfig; SmallWorldConfig for the ring) with ``field=value``
+    overrides (values parsed as JSON numbers/booleans); ``group.field=value`` overrides a field
+    of a nested config (``kbr``, ``proximity``), keeping that overlay's own defaults for the
+    rest."""
     import json
 
     import attrs
 
     from overlay.errors import ConfigError
     from overlay.pastry import PastryConfig
+
+    config_cls = PastryConfig if cls is None else cls
+    name_of = config_cls.__name__
 
     kw: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
@@ -243,13 +248,13 @@ def _config(pairs: Sequence[str]) -> Any:
         else:
             kw[name] = v
     try:
-        base = PastryConfig()
+        base = config_cls()
         for group, fields in nested.items():
             sub = getattr(base, group, None)
             if sub is None or not attrs.has(type(sub)):
-                raise ConfigError(f"--set {group}.…: PastryConfig has no nested config {group!r}")
+                raise ConfigError(f"--set {group}.…: {name_of} has no nested config {group!r}")
             kw[group] = attrs.evolve(sub, **fields)
-        return PastryConfig(**kw)
+        return config_cls(**kw)
     except (TypeError, ValueError) as e:  # unknown field; a validator's refusal
         raise ConfigError(f"--set: {e}") from e
 
