@@ -348,6 +348,33 @@ def test_join_with_a_silent_seed_fails_after_retries() -> None:
     assert done == [False] and not c.ready and c.stats["join_retries"] == 2
 
 
+@pytest.mark.parametrize("sides", [("left", "right"), ("right",)])
+def test_a_joiner_whose_seed_is_silent_is_ready_once_the_ring_linked_it_on_both_sides(
+    sides: tuple[str, ...],
+) -> None:
+    """The seed crashed before it answered; meanwhile live nodes on both sides of the joiner
+    linked to it (their windows placed it). At its join timeout it is in the ring: ready, and
+    no second JoinRequest. Linked on one side only, it is not sure where it stands and asks
+    the next seed as before."""
+    rt = ManualRuntime(seed=1)
+    c = SmallWorldCore(rt, _h(1000, 1000), SmallWorldConfig(join_timeout_s=5.0))
+    done: list[bool] = []
+    c.join([99, 98], done.append)
+    assert [type(m) for _, m in rt.take_sent()] == [JoinRequest]
+    for side in sides:
+        peer = _h(900, 900) if side == "left" else _h(1100, 1100)
+        c.receive(peer, Link(NEAR, 7))  # a live neighbour that found us
+    assert [type(m) for _, m in rt.take_sent()] == [LinkAck] * len(sides)
+    rt.advance(5.1)
+    sent = [type(m) for _, m in rt.take_sent()]
+    if len(sides) == 2:
+        assert done == [True] and c.ready and c.stats["join_found_by_ring"] == 1
+        assert JoinRequest not in sent and c.stats["join_retries"] == 0
+    else:
+        assert done == [] and not c.ready and c.stats["join_found_by_ring"] == 0
+        assert sent.count(JoinRequest) == 1 and c.stats["join_retries"] == 1
+
+
 def test_crashed_near_neighbours_are_detected_and_replaced() -> None:
     net = MiniNet(seed=11)
     net.grow(30)

@@ -7,7 +7,8 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
     IDLE --join(seeds)--> ASKING --ConnectReply(JOIN)--> LINKING --all LinkAcks--> READY
                            |  ^                             |  --timeout, >= 1 link--^
                            |  +-- timeout: next seed, <-----+  timeout, no link   (on_done(True))
-                           |      timeout doubles
+                           |      timeout doubles                                   ^
+                           +--timeout, linked to by live nodes on both sides--------+
                            +--retries exhausted--> FAILED (on_done(False))
 
 * The joiner knows seeds only by address, so it sends :class:`JoinRequest` to one of them with
@@ -22,11 +23,14 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
   the candidates cannot reach us, as when we advertise an address that is not ours — the
   attempt failed: the silent candidates are dropped and the next seed is asked; when the
   retries are exhausted the join fails. A node with no link to show for it is not part of the
-  ring and must not say "ready". Near lists that reach a joining node are ignored (only
-  acknowledged links count); once ready, the node sends its window to its new neighbours,
-  asking for the nodes it still misses — other nodes that joined into the same gap at the
-  same time, which the JOIN reply could not know (exchange.py). Shortcuts are created
-  right after, as in Brunet where the shortcut overlord starts once the node is connected.
+  ring and must not say "ready". A joiner still waiting for a seed's answer when its timeout
+  fires, but which live nodes on both sides have linked meanwhile (their windows placed it),
+  is in the ring and becomes ready instead of asking the next seed. Near lists that reach a
+  joining node are ignored (only acknowledged links count); once ready, the node sends its
+  window to its new neighbours, asking for the nodes it still misses — other nodes that joined
+  into the same gap at the same time, which the JOIN reply could not know (exchange.py).
+  Shortcuts are created right after, as in Brunet where the shortcut overlord starts once the
+  node is connected.
 * An empty seed list starts a new ring: ready at once.
 """
 
@@ -90,6 +94,18 @@ def _timeout(core: SmallWorldHost, token: int) -> None:
     st = core.join_state
     if st is None or st.token != token or st.linking or core.stopped:
         return
+    if _found_by_ring(core):
+        # No reply from the seed (under 5-minute sessions often a seed that has crashed since
+        # we arrived), but the ring has found us meanwhile: live nodes on both sides linked to
+        # us, as their own joins and exchanges placed us in their windows. Asking seed after
+        # seed would keep us unready for minutes while those nodes route to us the keys we are
+        # closest to and we send them back: traced with ``near_per_side`` = 3 (seed 5), three
+        # such joiners in one stretch looped lookups between them and their neighbours until
+        # the TTL or the lookup timeout (11 lookups lost, 7 joins failed). We are in the ring:
+        # ready now; the push in ``_finish`` asks the new neighbours for the nodes we miss.
+        core.stats["join_found_by_ring"] += 1
+        _finish(core, True)
+        return
     st.attempt += 1
     if st.attempt > core.config.join_retries:
         log.debug("join of %s failed after %d attempts", core.id.short(), st.attempt)
@@ -143,6 +159,15 @@ def on_link_ack(core: SmallWorldHost, src: NodeHandle, token: int) -> None:
     st.pending.discard(src)
     if not st.pending:
         _finish(core, True)
+
+
+def _found_by_ring(core: SmallWorldHost) -> bool:
+    """True if we hold live near connections on both sides while still asking a seed (a
+    joiner's table holds only nodes that acknowledged a Link of ours or sent us one: each of
+    them reached us)."""
+    bad = core.prox.bad
+    t = core.table
+    return any(h not in bad for h in t.right()) and any(h not in bad for h in t.left())
 
 
 def _linked(core: SmallWorldHost, st: JoinState) -> bool:
