@@ -356,16 +356,17 @@ class _ChurnRun:
             if self.tracer is not None:
                 self.tracer.close(lid)
             return
-        if rec.holder is None or (self.args.tries > 1 and not rec.src.alive):
-            # request/response: a source that died unanswered could not retry, whatever the
-            # last try's holder did
+        if (
+            rec.holder is None
+            or rec.holder is rec.src
+            or (self.args.tries > 1 and not rec.src.alive)
+        ):
+            # The source holds it (one-way: a source that died before its first hop
+            # acknowledged the lookup, so no other node ever held it and no per-hop scheme
+            # could have saved it; traced under 5-minute sessions, every small-world loss of
+            # seed 3 was one, 0.05-2 s after it sent), or request/response: a source that died
+            # unanswered could not retry, whatever the last try's holder did.
             cause = "source_crashed" if not rec.src.alive else "dropped"
-        elif rec.holder is rec.src and not rec.src.alive:
-            # one-way: the source died before its first hop acknowledged the lookup, so no
-            # other node ever held it and no per-hop scheme could have saved it (traced under
-            # 5-minute sessions: every small-world loss of seed 3 was one, 0.05-2 s after it
-            # sent; a ring whose first hops are far away loses more of them)
-            cause = "source_crashed"
         else:
             cause = "holder_crashed" if not rec.holder.alive else "dropped"
         self.c[cause] += 1
