@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
-from sim_oracles import lookups, wrong_windows
+from sim_oracles import lookups, sw_width, wrong_windows
 
 from overlay import NodeHandle, NodeId
 from overlay.messages import Message
@@ -134,7 +135,7 @@ def test_joins_churn_and_lookups_in_fidelity_mode(overlay: str) -> None:
     assert fid is not None
     assert fid.stats["decoded"] > 10_000
     assert fid.stats["encode_errors"] == fid.stats["bad_message"] == fid.stats["malformed"] == 0
-    half = 8 if overlay == "pastry" else 2
+    half: int | Callable[[SimNode], int] = 8 if overlay == "pastry" else sw_width
     window = (
         (lambda x: x.core.leaf.nodes())
         if overlay == "pastry"

@@ -43,7 +43,7 @@ from typing import Any
 
 import attrs
 import pytest
-from sim_oracles import lookups, wrong_windows
+from sim_oracles import lookups, sw_width, wrong_windows
 
 import overlay.kbr
 import overlay.live.control
@@ -354,7 +354,7 @@ def test_wellformed_lies_from_non_members(overlay_name: str) -> None:
     if overlay_name == "pastry":
         assert wrong_windows(live, 8, lambda x: x.core.leaf.nodes()) == 0  # type: ignore[attr-defined]
     else:
-        assert wrong_windows(live, 2, lambda x: x.core.near_connections()) == 0  # type: ignore[attr-defined]
+        assert wrong_windows(live, sw_width, lambda x: x.core.near_connections()) == 0  # type: ignore[attr-defined]
     ok, _ = lookups(net, live, 300, seed=5)
     assert ok == 1.0
     keys = [NodeId((int(v.id) + d) % (1 << 160)) for v in victims for d in (0, 1, -1)]

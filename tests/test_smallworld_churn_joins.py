@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from sim_oracles import lookups, wrong_windows
+from sim_oracles import lookups, sw_width, wrong_windows
 
 from overlay import NodeHandle, NodeId
 from overlay.smallworld import SmallWorldCore
@@ -66,7 +66,7 @@ def _crash_two_right_neighbours(seed: int) -> None:
         assert r.result == net.closest_live(k), (k, r.result)
     net.run(60.0)
     live = [x for x in ring if x.alive]
-    assert wrong_windows(live, 2, lambda x: _core(x).near_connections()) == 0
+    assert wrong_windows(live, sw_width, lambda x: _core(x).near_connections()) == 0
     ok, _ = lookups(net, live, 300, seed=seed)
     assert ok == 1.0
 

@@ -47,6 +47,23 @@ class SmallWorldConfig:
     #: 30-minute sessions with 5 % loss, over the 0.5 budget): docs/smallworld.md, "Three near
     #: neighbours a side under 5-minute sessions".
     near_per_side: int = attrs.field(default=2, validator=_at_least(1))
+    #: near connections a side while the node observes short sessions (``churn.py``; not more
+    #: than ``near_per_side``: never widen). Ours: 3, what removed the wrong deliveries of
+    #: 5-minute sessions (docs/smallworld.md, "A near window that follows the churn").
+    churn_near_per_side: int = attrs.field(default=3, validator=_at_least(1))
+    #: widen the near window while the mean session of the node's connections, as it estimates
+    #: it, is below this. Ours: between the 5- and 30-minute sessions of MSPastry's churn
+    #: experiments (Castro et al. 2003), which need three and two near neighbours a side.
+    churn_session_s: float = attrs.field(default=600.0, validator=_positive)
+    #: narrow it again only when the estimate is above this many times ``churn_session_s``
+    #: (hysteresis: the estimate of a few deaths is noisy).
+    churn_narrow_factor: float = attrs.field(default=1.5, validator=_at_least(1.0))
+    #: the estimate forgets with this time constant (deaths and connection-seconds are
+    #: discounted by exp(-age / horizon)). Ours: long enough that a node with ~12 connections
+    #: at 30-minute sessions counts ~6 deaths, short enough to follow a change within minutes.
+    churn_horizon_s: float = attrs.field(default=900.0, validator=_positive)
+    #: (discounted) deaths needed before the estimate may widen the window.
+    churn_min_deaths: float = attrs.field(default=3.0, validator=_at_least(1.0))
     #: shortcuts wanted = ceil(shortcut_factor · log2 N̂). Brunet
     #: ``StructuredShortcutConnectionOverlord.DesiredShortcuts`` (0.5·log N).
     shortcut_factor: float = attrs.field(default=0.5, validator=_at_least(0.0))
@@ -159,5 +176,6 @@ class SmallWorldConfig:
 
     @property
     def near_window(self) -> int:
-        """Near connections on both sides together."""
+        """Near connections on both sides together (at ``near_per_side``: a node widens it
+        while it observes short sessions, ``churn_near_per_side``)."""
         return 2 * self.near_per_side

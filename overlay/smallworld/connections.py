@@ -242,6 +242,12 @@ class ConnectionTable:
             return True
         return bool(bad) and h in self.live_window(bad)
 
+    def set_near(self, k: int) -> None:
+        """Keep ``k`` near connections a side from now on (the owner's churn estimate, see
+        ``churn.py``); the size estimate is taken again over the new window."""
+        self.near = k
+        self._set_all(self.all)
+
     def load(
         self,
         all_cw: tuple[NodeHandle, ...],

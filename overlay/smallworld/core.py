@@ -49,6 +49,7 @@ from overlay.ids import ring_distance as _rd
 from overlay.kbr import KbrCore, RouteAck, RouteMsg
 from overlay.kbr_pending import Hop
 from overlay.runtime import Runtime, Timer
+from overlay.smallworld import churn as _churn
 from overlay.smallworld import exchange as _xch
 from overlay.smallworld import join as _join
 from overlay.smallworld import linking as _lnk
@@ -145,6 +146,9 @@ class SmallWorldCore(KbrCore):
         #: per side, when a near neighbour there was declared dead and the side has not had
         #: ``near_per_side`` live near connections since (created on first use)
         self._gap_since: dict[int, float] | None = None
+        #: churn estimate ``[connection-seconds, deaths, as of]`` that sets the width of the
+        #: near window (``churn.py``); created at the first connection death
+        self.churn: list[float] | None = None
         if not type(self).__dict__.get("_sw_handlers_installed", False):
             self._install_handlers()
 
@@ -221,6 +225,8 @@ class SmallWorldCore(KbrCore):
         if self.stopped:
             return
         self._timer = self.runtime.call_later(self.config.maintenance_interval_s, self._tick)
+        if self.churn is not None or self.table.near != self.config.near_per_side:
+            self._tune_near(0)
         _mnt.tick(self)
 
     # ------------------------------------------------------------------ size, ttl, shortcuts
@@ -349,6 +355,7 @@ class SmallWorldCore(KbrCore):
         before = self._near_snapshot()
         right = t.right()
         side_id, side = (RIGHT, right) if h in right else (LEFT, t.left())
+        self._tune_near(1)  # before the removal: the table held h for the interval just ended
         t.remove(h)
         self.stats["connections_lost"] += 1
         self._near_changed(before)
@@ -363,6 +370,48 @@ class SmallWorldCore(KbrCore):
                 _off.replace_from_alternates(self, h)
             _mnt.check_shortcuts(self)
         _mnt.check_isolated(self)
+
+    def _tune_near(self, deaths: int) -> None:
+        """Fold ``deaths`` connection deaths (and the time since the last update) into the churn
+        estimate, and widen or narrow the near window as it asks (``churn.py``)."""
+        cfg = self.config
+        if cfg.churn_near_per_side <= cfg.near_per_side:
+            return
+        t = self.table
+        now = self.runtime.now()
+        est = self.churn = _churn.fold(
+            self.churn, now, self.started_at, len(t), deaths, cfg.churn_horizon_s
+        )
+        k = _churn.wanted_near(est, t.near, cfg)
+        if k != t.near:
+            self.stats["near_widened" if k > t.near else "near_narrowed"] += 1
+            self._set_near(k)
+
+    def _set_near(self, k: int) -> None:
+        """Keep ``k`` near connections a side from now on."""
+        t = self.table
+        old = t.near
+        before = self._near_snapshot()
+        t.set_near(k)
+        self._near_changed(before)
+        if k > old:
+            # ask every member now for the nodes the wider window misses (they answer from
+            # their own tables, exchange.answer): its new outer slots hold whatever connection
+            # came next, often a shortcut, until the true neighbours are linked
+            if self.ready:
+                _xch.push_near(self)
+        else:
+            self.trim_near()  # the connections that fell out of the narrower window
+
+    def adopt_near(self, k: int) -> None:
+        """A near neighbour keeps ``k`` near connections a side, more than we do: take its
+        width while our own churn estimate is too thin to decide (``churn.unsure``)."""
+        t = self.table
+        cfg = self.config
+        if k <= t.near or k > cfg.churn_near_per_side or not _churn.unsure(self.churn, cfg):
+            return
+        self.stats["near_adopted"] += 1
+        self._set_near(k)
 
     def _on_peer_alive(self, h: NodeHandle) -> None:
         """A peer we had given up on spoke again: take it back if it is a near neighbour (the
@@ -430,9 +479,7 @@ class SmallWorldCore(KbrCore):
         if (
             gaps is not None
             and since is not None
-            and (
-                len(live) >= self.config.near_per_side or self.runtime.now() - since > _GAP_MEMORY_S
-            )
+            and (len(live) >= self.table.near or self.runtime.now() - since > _GAP_MEMORY_S)
         ):
             del gaps[side_id]
             since = None

@@ -55,6 +55,7 @@ __all__ = [
     "check_omissions",
     "expire_proposals",
     "list_to",
+    "listed_near",
     "on_list",
     "probe_stale",
     "propose",
@@ -108,7 +109,7 @@ def push_near(
                 if h not in bad and p is not None and now - p.last_heard < fresh_s:
                     fresh += 1
     elif before is not None:
-        k = core.config.near_per_side
+        k = t.near
         to = [h for h in window if h not in before or changed_for(core.id, h, before, window, k)]
         core.stats["near_push_skipped"] += len(window) - len(to)
     else:
@@ -154,7 +155,7 @@ def ask_past_gap(core: SmallWorldHost, key: int) -> None:
     if dst is None:
         return
     asked[right] = now
-    k = core.config.near_per_side
+    k = t.near
     live_right = [h for h in t.all if h not in bad][:k]
     live_left = [h for h in reversed(t.all) if h not in bad and h not in live_right][:k]
     core.stats["gap_queries"] += 1
@@ -210,11 +211,22 @@ def window_of(me: int, nodes: Sequence[NodeHandle], k: int, x: int) -> bool:
     return len(left) < k or (me - x) % RING < left[k - 1]
 
 
+def listed_near(core: SmallWorldHost, nodes: Sequence[NodeHandle], ask: bool) -> int:
+    """How many near neighbours a side the sender of the list ``nodes`` keeps, for reading its
+    list as its window: an asking list is its window (``near_per_side`` a side, or
+    ``churn_near_per_side`` while it observes short sessions, ``churn.py``), so one longer than
+    two sides of the narrow window comes from a widened one. An answer (``ask`` clear) lists
+    news before the window; it is read at the narrow width, as before windows could widen."""
+    cfg = core.config
+    base, wide = cfg.near_per_side, cfg.churn_near_per_side
+    return wide if ask and wide > base and len(nodes) > 2 * base else base
+
+
 def answer(core: SmallWorldHost, src: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
     """``src`` sent us its near window ``nodes`` and asked: if we know nodes (ourselves included)
     that belong in that window but are not in it, send them with our own window (``ask`` clear,
     so the exchange ends here)."""
-    k = core.config.near_per_side
+    k = listed_near(core, nodes, True)
     listed = {h.id for h in nodes}
     listed.add(src.id)
     o = src.id
@@ -318,13 +330,18 @@ def on_list(
         horizon = 3 * core.config.near_exchange_s
         if echo >= 0.0 and held >= 0.0 and rtt > 0.0 and now - echo <= horizon + held:
             core.prox.sample(src, rtt)
-    check_omissions(core, src, nodes)
+    k = listed_near(core, nodes, ask)
+    if k > core.table.near and core.table.is_near(src):
+        core.adopt_near(k)
+    check_omissions(core, src, nodes, ask)
     propose(core, nodes)
     if ask:
         answer(core, src, nodes)
 
 
-def check_omissions(core: SmallWorldHost, src: NodeHandle, nodes: Sequence[NodeHandle]) -> None:
+def check_omissions(
+    core: SmallWorldHost, src: NodeHandle, nodes: Sequence[NodeHandle], ask: bool = True
+) -> None:
     """A near neighbour's list leaves out a member of our window that belongs in its own: it
     dropped that node (its own probes found it dead, or it never held it). Probe it, and
     declare it dead if the first two tries go unanswered — unless we heard from it just now.
@@ -337,7 +354,7 @@ def check_omissions(core: SmallWorldHost, src: NodeHandle, nodes: Sequence[NodeH
     answered with it as news (:func:`answer`); our probe finds it alive and changes nothing."""
     if src not in core.table or not core.table.is_near(src):
         return
-    k = core.config.near_per_side
+    k = listed_near(core, nodes, ask)
     listed = {h.id for h in nodes}
     prox = core.prox
     bad = prox.bad
@@ -395,7 +412,7 @@ def propose(core: SmallWorldHost, cands: Sequence[NodeHandle]) -> None:
     bad = prox.bad
     t = core.table
     now = core.runtime.now()
-    budget = core.config.near_window
+    budget = 2 * core.table.near
     for h in sorted(cands, key=lambda c: (min((c.id - me) % RING, (me - c.id) % RING), c.id)):
         if budget <= 0:
             break

@@ -137,6 +137,11 @@ def on_reply(
         st.timer.cancel()
     st.linking = True
     st.inherit = shortcuts
+    base = core.config.near_per_side
+    if len(nodes) > 2 * base + 2:
+        # the responder names 2k + 2 nodes for its own width k: it keeps a widened window
+        # (churn.py), so we link that many a side now rather than widen once we are ready
+        core.adopt_near((len(nodes) - 2) // 2)
     added = core.consider_near((responder, *nodes), token)
     st.pending = set(added)
     if not st.pending:

@@ -86,7 +86,7 @@ def on_connect_request(core: SmallWorldHost, p: object) -> None:
         # Our neighbours closest to the target replace us there should we fail (offers.py).
         nodes = core.closest_known(p.target, 2, origin.id, with_self=False)
     else:
-        k = 2 * core.config.near_per_side + 2
+        k = 2 * core.table.near + 2
         nodes = core.closest_known(p.target, k, origin.id, with_self=False)
         alts = core.shortcut_alts
         if p.kind == JOIN and core.config.inherit_shortcuts and alts:

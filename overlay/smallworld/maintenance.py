@@ -131,7 +131,7 @@ def check_isolated(core: SmallWorldHost) -> None:
         return
     bad = core.prox.bad
     live = sum(1 for h in core.table.all if h not in bad)
-    if live < core.config.near_window:
+    if live < 2 * core.table.near:
         core.rejoin()
 
 
@@ -160,7 +160,7 @@ def ping_idle(core: SmallWorldHost, now: float) -> None:
     started = core.started_at
     conns = core.table.all
     n = len(conns)
-    k = cfg.near_per_side
+    k = core.table.near
     e = min(cfg.exchange_per_side, k)
     near_idle = cfg.idle_ping_s
     outer_idle = max(near_idle, cfg.outer_idle_ping_s)
@@ -319,7 +319,7 @@ def near_step(
     if me == o:
         return  # we know nobody on that side at all
     # Nobody nearer to the origin on that side: we are its neighbour there.
-    k = 2 * core.config.near_per_side + 2
+    k = 2 * core.table.near + 2
     nodes = core.closest_known(o, k, o, with_self=False)
     core.runtime.send(origin, NearReply(hops, nodes))
     t = core.table
