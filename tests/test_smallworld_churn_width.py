@@ -49,7 +49,8 @@ def _watch(
 
 def _renewals(rng: random.Random, mean_s: float, until_s: float) -> list[float]:
     """Death times of one connection slot whose occupant is replaced at each death."""
-    t, out = 0.0, []
+    t = 0.0
+    out: list[float] = []
     while True:
         t += rng.expovariate(1.0 / mean_s)
         if t >= until_s:
@@ -130,32 +131,33 @@ def _churn(net: Network, nodes: list[SimNode], every_s: float, for_s: float, see
         t += every_s
 
 
-def test_a_ring_under_short_sessions_widens_its_windows_and_stays_exact() -> None:
-    net = Network(seed=21)
+def _churned_ring(every_s: float, seed: int) -> tuple[Network, list[SimNode], list[SimNode]]:
+    """A 120-node ring after 8 minutes of one crash and one arrival every ``every_s`` and one
+    quiet minute (the last crashes detected and repaired): the network, every node, the live
+    ones — whose windows must be exact at each node's own width, and whose lookups reach the
+    closest live node."""
+    net = Network(seed=seed)
     nodes = net.spawn(120, overlay="smallworld", build="oracle")
     net.run(30.0)
-    _churn(net, nodes, 2.5, 480.0, seed=21)  # 5-minute sessions
-    net.run(60.0)  # churn stops: the last crashes are detected and repaired
+    _churn(net, nodes, every_s, 480.0, seed=seed)
+    net.run(60.0)
     live = [x for x in nodes if x.alive]
+    assert wrong_windows(live, sw_width, lambda x: _core(x).near_connections()) == 0
+    ok, _ = lookups(net, live, 400, seed=seed)
+    assert ok == 1.0
+    return net, nodes, live
+
+
+def test_a_ring_under_short_sessions_widens_its_windows_and_stays_exact() -> None:
+    _net, nodes, live = _churned_ring(2.5, seed=21)  # 5-minute sessions
     wide = [x for x in live if _core(x).table.near == CFG.churn_near_per_side]
     assert len(wide) / len(live) > 0.8, len(wide)
     # arrivals took the width of the ring at their join, before any estimate of their own
     assert sum(_core(x).stats["near_adopted"] for x in nodes) > 20
-    assert wrong_windows(live, sw_width, lambda x: _core(x).near_connections()) == 0
-    ok, _ = lookups(net, live, 400, seed=21)
-    assert ok == 1.0
 
 
 def test_a_ring_under_long_sessions_keeps_two_near_neighbours_a_side() -> None:
-    net = Network(seed=22)
-    nodes = net.spawn(120, overlay="smallworld", build="oracle")
-    net.run(30.0)
-    _churn(net, nodes, 15.0, 480.0, seed=22)  # 30-minute sessions
-    net.run(60.0)
-    live = [x for x in nodes if x.alive]
+    _net, nodes, live = _churned_ring(15.0, seed=22)  # 30-minute sessions
     assert sum(_core(x).stats["connections_lost"] for x in nodes) > 100  # deaths were seen
     wide = [x for x in live if _core(x).table.near != CFG.near_per_side]
     assert len(wide) / len(live) < 0.1, len(wide)
-    assert wrong_windows(live, sw_width, lambda x: _core(x).near_connections()) == 0
-    ok, _ = lookups(net, live, 400, seed=22)
-    assert ok == 1.0
