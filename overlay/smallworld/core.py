@@ -404,8 +404,9 @@ class SmallWorldCore(KbrCore):
             self.trim_near()  # the connections that fell out of the narrower window
 
     def adopt_near(self, k: int) -> None:
-        """A near neighbour keeps ``k`` near connections a side, more than we do: take its
-        width while our own churn estimate is too thin to decide (``churn.unsure``)."""
+        """The node that answered our JOIN keeps ``k`` near connections a side, more than we
+        do: take its width while our own churn estimate is too thin to decide
+        (``churn.unsure``)."""
         t = self.table
         cfg = self.config
         if k <= t.near or k > cfg.churn_near_per_side or not _churn.unsure(self.churn, cfg):

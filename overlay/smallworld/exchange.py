@@ -330,9 +330,6 @@ def on_list(
         horizon = 3 * core.config.near_exchange_s
         if echo >= 0.0 and held >= 0.0 and rtt > 0.0 and now - echo <= horizon + held:
             core.prox.sample(src, rtt)
-    k = listed_near(core, nodes, ask)
-    if k > core.table.near and core.table.is_near(src):
-        core.adopt_near(k)
     check_omissions(core, src, nodes, ask)
     propose(core, nodes)
     if ask:

@@ -141,7 +141,7 @@ class SmallWorldHost(Protocol):
         """Join again through the last seeds (isolated node)."""
 
     def adopt_near(self, k: int) -> None:
-        """Take a near neighbour's wider window while our own churn estimate cannot decide."""
+        """Take the JOIN responder's wider window while our own churn estimate cannot decide."""
 
     def release_held(self, held: list[tuple[NodeHandle, RouteMsg]]) -> None:
         """Route the messages held while the join was linking, now that it ended."""
