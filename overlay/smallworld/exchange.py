@@ -403,14 +403,7 @@ def propose(core: SmallWorldHost, cands: Sequence[NodeHandle]) -> None:
     """Send a Link to each hearsay candidate that would enter the near window; it joins the table
     only when its LinkAck comes back (:func:`take_proposal`), so a handle nobody answers for — a
     stale or made-up one — never becomes a connection. At most one window's worth of candidates
-    is proposed per call, the closest first.
-
-    A candidate we hold DEAD is proposed too: a neighbour naming it has heard from it since
-    (a node restarted with the same identity), and the Link is the probe — its LinkAck makes it
-    alive again, silence costs one datagram per ``connect_timeout_s``. Without this a node
-    that needs a restarted node it declared dead, and that the restarted node never contacts
-    (it lies outside that node's own, narrower window), goes without it for good. A merely
-    suspected candidate is left to the probe under way."""
+    is proposed per call, the closest first."""
     me = core.id
     prox = core.prox
     bad = prox.bad
@@ -420,9 +413,7 @@ def propose(core: SmallWorldHost, cands: Sequence[NodeHandle]) -> None:
     for h in sorted(cands, key=lambda c: (min((c.id - me) % RING, (me - c.id) % RING), c.id)):
         if budget <= 0:
             break
-        if h.id == me or h in t or (h in bad and not prox.is_dead(h)):
-            continue
-        if not t.fits_near(h.id, bad):
+        if h.id == me or h in bad or h in t or prox.is_dead(h) or not t.fits_near(h.id, bad):
             continue
         budget -= 1
         pending = core.proposed
