@@ -26,11 +26,9 @@ __all__ = ["LinkApp", "on_connect_request"]
 
 
 class LinkApp:
-    """The internal KBR application that carries :class:`ConnectRequest` payloads. Its senders
-    retry end to end (``BaseApplication.end_to_end``; ``SmallWorldCore.ensure_link_app``)."""
+    """The internal KBR application that carries :class:`ConnectRequest` payloads."""
 
     __slots__ = ("core",)
-    end_to_end = True
 
     def __init__(self, core: SmallWorldHost) -> None:
         self.core = core
