@@ -17,7 +17,8 @@ from overlay.smallworld import SmallWorldConfig, SmallWorldCore
 from overlay.smallworld.churn import fold, unsure, wanted_near
 from sim_adapter.network import Network, SimNode
 
-CFG = SmallWorldConfig()
+#: the feature on (it is off by default: docs/smallworld.md, "Not yet the default")
+CFG = SmallWorldConfig(churn_near_per_side=3)
 
 
 def _core(x: SimNode) -> SmallWorldCore:
@@ -114,7 +115,7 @@ def test_a_young_node_is_unsure_and_a_quiet_minute_does_not_narrow_it() -> None:
     assert not unsure(s, CFG)
     assert wanted_near(s, wide, CFG) == CFG.near_per_side
     # never wider than configured, nor at all when the wide width is not wider
-    off = SmallWorldConfig(churn_near_per_side=2)
+    off = SmallWorldConfig()
     assert wanted_near([10.0, 100.0, 0.0], 2, off) == 2
 
 
@@ -126,7 +127,7 @@ def _churn(net: Network, nodes: list[SimNode], every_s: float, for_s: float, see
     while t < for_s:
         live = [x for x in nodes if x.alive]
         net.crash([rng.choice(live)])
-        nodes.append(net.arrive())
+        nodes.append(net.arrive(config=CFG))
         net.run(every_s)
         t += every_s
 
@@ -137,7 +138,7 @@ def _churned_ring(every_s: float, seed: int) -> tuple[Network, list[SimNode], li
     ones — whose windows must be exact at each node's own width, and whose lookups reach the
     closest live node."""
     net = Network(seed=seed)
-    nodes = net.spawn(120, overlay="smallworld", build="oracle")
+    nodes = net.spawn(120, overlay="smallworld", build="oracle", config=CFG)
     net.run(30.0)
     _churn(net, nodes, every_s, 480.0, seed=seed)
     net.run(60.0)

@@ -31,6 +31,9 @@ Theory of operation (docs/smallworld.md, "A near window that follows the churn")
   a freshly started 10^4-node ring (every node young) widened from a few early deaths
   outwards, ring-wide, for minutes (measured: docs/smallworld.md).
 
+Off by default (``churn_near_per_side`` = ``near_per_side``) until a same-id restart is sure to be
+relinked by a wider neighbour (docs/smallworld.md, "Not yet the default").
+
 Sans-io: the time comes from the node's runtime; the module only computes.
 """
 
@@ -80,8 +83,8 @@ def wanted_near(state: list[float], current: int, cfg: SmallWorldConfig) -> int:
 
 def unsure(state: list[float] | None, cfg: SmallWorldConfig) -> bool:
     """Whether this estimate is too thin to say the sessions are short or long (too few deaths
-    for the one, too few connection-seconds for the other): a node that young takes the width
-    its near neighbours use."""
+    for the one, too few connection-seconds for the other): a joiner that young takes the
+    width of the node that answered its JOIN."""
     if state is None:
         return True
     bar = cfg.churn_session_s * cfg.churn_narrow_factor * cfg.churn_min_deaths
