@@ -77,8 +77,13 @@ def wanted_near(state: list[float], current: int, cfg: SmallWorldConfig) -> int:
         return wide if short else base
     # long sessions need evidence too: as many connection-seconds as ``churn_min_deaths``
     # deaths would take at the narrowing mean, not just a quiet spell of a young node
-    bar = cfg.churn_session_s * cfg.churn_narrow_factor * max(deaths, cfg.churn_min_deaths)
-    return base if secs > bar else wide
+    return base if secs > _long_bar(cfg, max(deaths, cfg.churn_min_deaths)) else wide
+
+
+def _long_bar(cfg: SmallWorldConfig, deaths: float) -> float:
+    """Connection-seconds above which ``deaths`` deaths mean long sessions (the narrowing
+    mean, ``churn_narrow_factor`` times ``churn_session_s``)."""
+    return cfg.churn_session_s * cfg.churn_narrow_factor * deaths
 
 
 def unsure(state: list[float] | None, cfg: SmallWorldConfig) -> bool:
@@ -87,5 +92,4 @@ def unsure(state: list[float] | None, cfg: SmallWorldConfig) -> bool:
     width of the node that answered its JOIN."""
     if state is None:
         return True
-    bar = cfg.churn_session_s * cfg.churn_narrow_factor * cfg.churn_min_deaths
-    return state[1] < cfg.churn_min_deaths and state[0] <= bar
+    return state[1] < cfg.churn_min_deaths and state[0] <= _long_bar(cfg, cfg.churn_min_deaths)

@@ -350,12 +350,15 @@ class SmallWorldCore(KbrCore):
         t = self.table
         if h not in t:
             return
+        # before the removal (the table held h for the interval just ended) and before the
+        # snapshot below: a width change reports its own window change (_set_near), which a
+        # snapshot taken first would report to the applications a second time
+        self._tune_near(1)
         was_near = t.is_near(h)
         was_out = h in t.out
         before = self._near_snapshot()
         right = t.right()
         side_id, side = (RIGHT, right) if h in right else (LEFT, t.left())
-        self._tune_near(1)  # before the removal: the table held h for the interval just ended
         t.remove(h)
         self.stats["connections_lost"] += 1
         self._near_changed(before)
