@@ -106,6 +106,14 @@ class ProximityConfig:
     retransmit_srtt_factor: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
+    #: a DEAD verdict at least this old is checked again — one ping, no retransmission — when
+    #: a live peer names the node as a neighbour of its own (:meth:`Proximity.recheck`). Ours:
+    #: longer than a neighbour takes to find a crash (a small-world neighbour pings after 22 s
+    #: of silence and probes for a few RTOs), so a list that still names the node past it comes
+    #: from someone who heard from it since — a node restarted under its old id and address.
+    #: Without it such a node is held out for ``dead_memory_s`` by every node that saw it die
+    #: but is not contacted by it, as the lists naming it are not proposed.
+    dead_recheck_s: float = attrs.field(default=30.0, validator=positive)
     #: a live peer no table references is forgotten after this long unreferenced (ours: long
     #: enough that RTTs measured for a join's or a row refresh's PNS choice are reused, short
     #: against a node's lifetime; FreePastry keeps proximity only for its table entries)
@@ -500,6 +508,27 @@ class Proximity:
         t.cols[r * _WIDTH + _DEAD_SINCE] = self.runtime.now()
         self._bad_add(h)
         self._on_dead(h)
+
+    def probing(self, h: NodeHandle) -> bool:
+        """Whether a probe of ``h`` is in flight."""
+        return h in self._probes
+
+    def recheck(self, h: NodeHandle) -> bool:
+        """``h``, held DEAD, was named as live by a peer: if the verdict is at least
+        ``dead_recheck_s`` old, ping it once (a pong revives it, through ``on_alive``) and
+        restart the verdict's clock, so the next recheck waits as long again. Returns whether a
+        ping was sent."""
+        t = self.peers
+        r = t.rows.get(h)
+        if r is None or t.states[r] != _DEAD or h in self._probes:
+            return False
+        now = self.runtime.now()
+        at = r * _WIDTH + _DEAD_SINCE
+        if now - t.cols[at] < self.config.dead_recheck_s:
+            return False
+        t.cols[at] = now
+        self.probe(h, candidate=True)
+        return True
 
     def expire_dead(self) -> None:
         """Forget DEAD verdicts older than ``dead_memory_s`` (called from maintenance)."""

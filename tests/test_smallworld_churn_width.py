@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 
+import attrs
 import pytest
 from sim_oracles import lookups, sw_width, wrong_windows
 
@@ -17,8 +18,8 @@ from overlay.smallworld import SmallWorldConfig, SmallWorldCore
 from overlay.smallworld.churn import fold, unsure, wanted_near
 from sim_adapter.network import Network, SimNode
 
-#: the feature on (it is off by default: docs/smallworld.md, "Not yet the default")
-CFG = SmallWorldConfig(churn_near_per_side=3)
+#: the defaults: three near neighbours a side while a node sees short sessions, else two
+CFG = SmallWorldConfig()
 
 
 def _core(x: SimNode) -> SmallWorldCore:
@@ -115,7 +116,7 @@ def test_a_young_node_is_unsure_and_a_quiet_minute_does_not_narrow_it() -> None:
     assert not unsure(s, CFG)
     assert wanted_near(s, wide, CFG) == CFG.near_per_side
     # never wider than configured, nor at all when the wide width is not wider
-    off = SmallWorldConfig()
+    off = SmallWorldConfig(churn_near_per_side=2)
     assert wanted_near([10.0, 100.0, 0.0], 2, off) == 2
 
 
@@ -162,3 +163,58 @@ def test_a_ring_under_long_sessions_keeps_two_near_neighbours_a_side() -> None:
     assert sum(_core(x).stats["connections_lost"] for x in nodes) > 100  # deaths were seen
     wide = [x for x in live if _core(x).table.near != CFG.near_per_side]
     assert len(wide) / len(live) < 0.1, len(wide)
+
+
+def test_connect_requests_get_no_custody_and_one_way_messages_still_do() -> None:
+    """The link application's requests are retried end to end (a join asks again, a missing
+    shortcut is asked for on a later tick): forwarding them keeps no custody copy and sends no
+    HandedOff notice. One-way lookups still get both."""
+    net = Network(seed=23)
+    nodes = net.spawn(40, overlay="smallworld", join_interval_s=0.5)
+    net.run(30.0)
+    assert sum(_core(x).stats["forwarded"] for x in nodes) > 20  # requests went over hops
+    assert net.msg_by_type["HandedOff"] == 0
+    assert sum(_core(x).stats["custody_held"] for x in nodes) == 0
+    ok, _ = lookups(net, nodes, 200, seed=23)
+    assert ok == 1.0
+    assert net.msg_by_type["HandedOff"] > 0
+
+
+@pytest.mark.parametrize("recheck_s", [30.0, 1e6])
+def test_a_wide_node_takes_back_a_neighbour_restarted_under_its_old_id(recheck_s: float) -> None:
+    """A node restarted with its old id and address links only its own (narrow) window; the
+    wide node whose third neighbour it is held it DEAD and is never contacted by it. Its
+    closest neighbour's lists name the node again: one recheck ping (``Proximity.recheck``,
+    after ``dead_recheck_s``) and it is back in the wide window within 90 s. Without rechecks
+    (1e6 s) it stays out for ``dead_memory_s``, as it did before (seed 33 is such a case: in
+    half the seeds tried the restarted node's own messages reach the wide node anyway)."""
+    prox = attrs.evolve(CFG.proximity, dead_recheck_s=recheck_s)
+    # keep the wide node wide throughout
+    cfg = attrs.evolve(CFG, churn_narrow_factor=1000.0, proximity=prox)
+    net = Network(seed=33)
+    nodes = net.spawn(40, overlay="smallworld", build="oracle", config=cfg)
+    net.run(10.0)
+    w = _core(nodes[0])
+    w.adopt_near(3)  # a young node takes a wider width (as from its JOIN responder)
+    net.run(10.0)
+    assert w.table.near == 3
+    third = w.table.right()[2]
+    x = net.node_by_id(third.id)
+    net.crash([x])
+    for _ in range(40):
+        net.run(5.0)
+        if w.prox.is_dead(third):
+            break
+    assert w.prox.is_dead(third) and third not in w.table
+    back = net.restart(x, config=cfg)
+    net.run(90.0)
+    assert back.core.ready and _core(back).table.near == 2  # narrow: W is outside its window
+    assert w.table.near == 3
+    live = [y for y in net.nodes if y.alive]
+    if recheck_s < cfg.proximity.dead_memory_s:
+        assert third in w.table.near_nodes()
+        assert w.stats["dead_rechecks"] >= 1
+        assert wrong_windows(live, sw_width, lambda y: _core(y).near_connections()) == 0
+    else:
+        assert third not in w.table
+        assert w.stats["dead_rechecks"] == 0

@@ -51,10 +51,8 @@ class SmallWorldConfig:
     #: near connections a side while the node observes short sessions (``churn.py``; not more
     #: than ``near_per_side``: never widen). 3 gave six 5-minute runs at N = 2,000 without a
     #: wrong delivery (20 with two) and control at 30-minute sessions as with two
-    #: (docs/smallworld.md, "A near window that follows the churn"). Off (2) by default until
-    #: a node that restarts with the same id is sure to be relinked by a wider neighbour (the
-    #: same section, "Not yet the default").
-    churn_near_per_side: int = attrs.field(default=2, validator=_at_least(1))
+    #: (docs/smallworld.md, "A near window that follows the churn"). 2 turns it off.
+    churn_near_per_side: int = attrs.field(default=3, validator=_at_least(1))
     #: widen the near window while the mean session of the node's connections, as it estimates
     #: it, is below this. Ours: between the 5- and 30-minute sessions of MSPastry's churn
     #: experiments (Castro et al. 2003), which need three and two near neighbours a side.

@@ -90,6 +90,8 @@ _DEFAULT_CONFIG = SmallWorldConfig()
 _NO_SEEDS: tuple[Address, ...] = ()
 #: routed messages a node holds at most while it cannot tell it is their root
 _MAX_UNSURE_HELD = 64
+#: the link application's name as the set of end-to-end applications (shared by every node)
+_LINK_E2E = frozenset({LINK_APP})
 #: a side that lost a near neighbour counts as unsure this long at most (a repair walk that
 #: finds nobody new leaves it so: the side may simply have fewer nodes than the window)
 _GAP_MEMORY_S = 60.0
@@ -544,6 +546,12 @@ class SmallWorldCore(KbrCore):
         """Register the internal link application (carries ConnectRequest) if it is missing."""
         if LINK_APP not in self.apps:
             self.apps[LINK_APP] = _lnk.LinkApp(self)
+            # its requests are retried end to end (a join asks again, a missing shortcut is
+            # asked for again on a later tick): no custody copies or HandedOff notices
+            # (kbr_custody.py). Measured with the churn-following window: docs/smallworld.md,
+            # "Connect requests without custody".
+            e2e = self._end_to_end
+            self._end_to_end = _LINK_E2E if not e2e else e2e | _LINK_E2E
 
     def _has_user_apps(self) -> bool:
         apps = self.apps

@@ -413,7 +413,16 @@ def propose(core: SmallWorldHost, cands: Sequence[NodeHandle]) -> None:
     for h in sorted(cands, key=lambda c: (min((c.id - me) % RING, (me - c.id) % RING), c.id)):
         if budget <= 0:
             break
-        if h.id == me or h in bad or h in t or prox.is_dead(h) or not t.fits_near(h.id, bad):
+        if h.id == me or h in t or not t.fits_near(h.id, bad):
+            continue
+        if h in bad:
+            # Held DEAD (or suspected) yet named by a live neighbour's window: a node restarted
+            # under its old id and address, which links only its own window and so never
+            # contacts a wider node holding it dead. One ping once the verdict is old enough
+            # that the list cannot merely be stale (``ProximityConfig.dead_recheck_s``); its
+            # pong revives it and links it (``SmallWorldCore._on_peer_alive``).
+            if prox.is_dead(h) and prox.recheck(h):
+                core.stats["dead_rechecks"] += 1
             continue
         budget -= 1
         pending = core.proposed

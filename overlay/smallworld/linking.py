@@ -26,9 +26,11 @@ __all__ = ["LinkApp", "on_connect_request"]
 
 
 class LinkApp:
-    """The internal KBR application that carries :class:`ConnectRequest` payloads."""
+    """The internal KBR application that carries :class:`ConnectRequest` payloads. Its senders
+    retry end to end (``BaseApplication.end_to_end``; ``SmallWorldCore.ensure_link_app``)."""
 
     __slots__ = ("core",)
+    end_to_end = True
 
     def __init__(self, core: SmallWorldHost) -> None:
         self.core = core
