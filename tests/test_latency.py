@@ -357,3 +357,20 @@ def test_pondsim_loss_and_retransmission() -> None:
     assert max(m.retransmit_delay_s(0, 30, rng) for _ in range(50)) <= 2 * m.edge_s(0) + 10.0
     with pytest.raises(ConfigError):
         m.retransmit_delay_s(0, 0)
+
+
+def test_transit_stub_routers_are_built_once_per_parameters() -> None:
+    """The router graph and delay matrix are cached per parameter set (they are a pure function
+    of it); node placement is each model's own. The cached matrix is the one a fresh build
+    gives, and other parameters give another graph."""
+    kw = {"transit": 12, "stub": 60, "transit_domains": 3, "stub_domain_size": 6}
+    a = latency.TransitStub(seed=12, **kw)  # type: ignore[arg-type]
+    b = latency.TransitStub(seed=12, **kw)  # type: ignore[arg-type]
+    assert a.topology is b.topology
+    fresh = topology.stub_distance_matrix(a.topology.graph, list(a.topology.stub_routers))
+    assert b._dist == fresh
+    placed(a, 50)
+    placed(b, 20)
+    assert a.nodes == 50 and b.nodes == 20
+    c = latency.TransitStub(seed=13, **kw)  # type: ignore[arg-type]
+    assert c.topology is not a.topology and c._dist != a._dist

@@ -31,8 +31,10 @@ Theory of operation (docs/smallworld.md, "A near window that follows the churn")
   a freshly started 10^4-node ring (every node young) widened from a few early deaths
   outwards, ring-wide, for minutes (measured: docs/smallworld.md).
 
-Off by default (``churn_near_per_side`` = ``near_per_side``) until a same-id restart is sure to be
-relinked by a wider neighbour (docs/smallworld.md, "Not yet the default").
+On by default; ``churn_near_per_side`` = ``near_per_side`` turns it off. A wide node takes back a
+neighbour restarted under its old id, which links only its own narrower window, by rechecking
+its old DEAD verdict when a list names it (``Proximity.recheck``; docs/smallworld.md, "A
+same-id restart").
 
 Sans-io: the time comes from the node's runtime; the module only computes.
 """
