@@ -229,7 +229,7 @@ class Sphere:
 
 
 # ---------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=1)
 def _routers(
     seed: int,
     transit: int,
@@ -245,7 +245,9 @@ def _routers(
     process: a pure function of them (the graph's own seeded rng), and at 1,000 stub routers
     ~3 s of Dijkstra that every simulation on the same topology repeated — experiments that
     compare protocols on one topology, and the test suite. Neither is changed after it is
-    built; each model keeps its own node placement."""
+    built; each model keeps its own node placement. Only the last parameter set is kept: the
+    matrix is 8·S² bytes (32 MB at 2,000 stub routers), and a run that goes through several
+    topologies should not hold them all."""
     graph = topology.transit_stub_graph(
         random.Random(seed),
         transit=transit,
