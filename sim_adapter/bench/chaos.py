@@ -273,7 +273,8 @@ def _plot(res: dict[str, Any], path: str) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("wall time (s); red: a process SIGKILLed")
     ax.set_ylabel("lookups correct")
-    ax.set_title(f"live chaos: {res['processes']}x{res['nodes_per_process']} nodes")
+    size = f"{res['processes']}x{res['nodes_per_process']}"
+    ax.set_title(f"live chaos: {res['overlay']}, {size} nodes")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
