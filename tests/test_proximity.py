@@ -308,3 +308,34 @@ def test_the_pings_of_a_failed_probe_are_forgotten_once_they_expire() -> None:
     rt.advance(p.config.max_rto_s + 0.1)
     p.expire_dead()
     assert p._failed is None
+
+
+def test_a_dead_verdict_is_rechecked_once_it_is_old_and_a_pong_revives_the_peer() -> None:
+    """``recheck``: nothing for a peer not held DEAD or a verdict younger than
+    ``dead_recheck_s``; then one ping (no retransmission), and the verdict's clock restarts, so a
+    second recheck waits as long again; a pong revives the peer through ``on_alive``."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    alive: list[NodeHandle] = []
+    cfg = ProximityConfig()
+    p = Proximity(rt, ME, cfg, on_dead=dead.append, on_alive=alive.append)
+    assert not p.recheck(PEER)  # no record
+    p.sample(PEER, 0.1)
+    assert not p.recheck(PEER)  # alive
+    p.declare_dead(PEER)
+    rt.take_sent()
+    assert not p.recheck(PEER)  # the verdict is new
+    rt.advance(cfg.dead_recheck_s)
+    assert p.recheck(PEER)
+    assert not p.recheck(PEER)  # its ping is in flight
+    rt.advance(10.0)  # unanswered: one ping, no retransmission, still DEAD
+    assert [type(m) for _, m in rt.take_sent()] == [Ping]
+    assert p.is_dead(PEER) and dead == [PEER]
+    assert not p.recheck(PEER)  # the clock restarted with the ping
+    rt.advance(cfg.dead_recheck_s - 10.0)
+    assert p.recheck(PEER)
+    ((dst, ping),) = rt.take_sent()
+    assert dst == PEER and isinstance(ping, Ping)
+    rt.advance(0.1)
+    p.on_pong(PEER, Pong(ping.nonce, ping.sent_at))
+    assert p.state(PEER) is Liveness.ALIVE and alive == [PEER]
