@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import math
 import os
 import random
 import signal
@@ -63,9 +64,12 @@ def _spawn(args: argparse.Namespace, join: str | None) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _read_nodes(p: subprocess.Popen[str], k: int) -> list[tuple[int, str]]:
+def _read_nodes(p: subprocess.Popen[str], k: int, out: list[tuple[int, str]]) -> None:
+    """Append to ``out`` each node the process reports, as it reports it (a node is reported
+    once its join has completed), until ``k`` are in. Runs in a worker thread; ``out`` is the
+    list the oracle reads, so each node counts from the moment it is ready, as the simulated
+    churn bench counts a node live once its join completes (MSPastry's active nodes)."""
     assert p.stdout is not None
-    out: list[tuple[int, str]] = []
     while len(out) < k:
         line = p.stdout.readline()
         if not line:
@@ -74,7 +78,6 @@ def _read_nodes(p: subprocess.Popen[str], k: int) -> list[tuple[int, str]]:
         parts = line.split()
         if len(parts) == 3 and parts[0] == "NODE":
             out.append((int(NodeId.from_hex(parts[1])), parts[2]))
-    return out
 
 
 def _oracle(ids: list[int], key: int) -> int:
@@ -99,8 +102,13 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
         return sorted(i for pr in procs if pr.running for i, _ in pr.nodes)
 
     async def start(pr: _Proc, join: str | None) -> None:
+        # Its nodes enter the oracle one by one as they finish joining (until this version all
+        # five entered only once the last had joined, so an answer from one of the first four
+        # counted as wrong); lookups are asked of them only ``settle_s`` after the last.
+        pr.up_since = math.inf
+        pr.nodes = []
         pr.p = await trio.to_thread.run_sync(_spawn, args, join)
-        pr.nodes = await trio.to_thread.run_sync(_read_nodes, pr.p, args.nodes_per_process)
+        await trio.to_thread.run_sync(_read_nodes, pr.p, args.nodes_per_process, pr.nodes)
         pr.up_since = time.monotonic()
 
     def window() -> dict[str, int]:
