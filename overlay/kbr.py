@@ -72,6 +72,16 @@ from overlay.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+#: one frozenset object per distinct set of end-to-end application names, shared by every node
+#: of the process: the nodes of a simulation register the same applications, and a set per
+#: node would cost ~200 bytes each (10^6 simulated nodes)
+_NAME_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared_names(names: frozenset[str]) -> frozenset[str]:
+    """The process's one copy of ``names`` (a set of application names, made by code)."""
+    return _NAME_SETS.setdefault(names, names)
+
 
 # ---------------------------------------------------------------------- messages
 @register(1)
@@ -495,12 +505,13 @@ class KbrCore(CustodyEngine, abc.ABC):
             raise DuplicateApplicationError(f"application {name!r} is already registered")
         self.apps[name] = app
         if getattr(app, "end_to_end", False):
-            self._end_to_end = self._end_to_end | {name}
+            self._end_to_end = _shared_names(self._end_to_end | {name})
 
     def unregister(self, name: str) -> None:
         """Remove the application registered under ``name``; a no-op if there is none."""
         self.apps.pop(name, None)
-        self._end_to_end = self._end_to_end - {name}
+        if name in self._end_to_end:
+            self._end_to_end = _shared_names(self._end_to_end - {name})
 
     def route(
         self,

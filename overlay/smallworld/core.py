@@ -90,8 +90,6 @@ _DEFAULT_CONFIG = SmallWorldConfig()
 _NO_SEEDS: tuple[Address, ...] = ()
 #: routed messages a node holds at most while it cannot tell it is their root
 _MAX_UNSURE_HELD = 64
-#: the link application's name as the set of end-to-end applications (shared by every node)
-_LINK_E2E = frozenset({LINK_APP})
 #: a side that lost a near neighbour counts as unsure this long at most (a repair walk that
 #: finds nobody new leaves it so: the side may simply have fewer nodes than the window)
 _GAP_MEMORY_S = 60.0
@@ -545,13 +543,11 @@ class SmallWorldCore(KbrCore):
     def ensure_link_app(self) -> None:
         """Register the internal link application (carries ConnectRequest) if it is missing."""
         if LINK_APP not in self.apps:
-            self.apps[LINK_APP] = _lnk.LinkApp(self)
-            # its requests are retried end to end (a join asks again, a missing shortcut is
-            # asked for again on a later tick): no custody copies or HandedOff notices
-            # (kbr_custody.py). Measured with the churn-following window: docs/smallworld.md,
-            # "Connect requests without custody".
-            e2e = self._end_to_end
-            self._end_to_end = _LINK_E2E if not e2e else e2e | _LINK_E2E
+            # its requests are retried end to end (``LinkApp.end_to_end``: a join asks again, a
+            # missing shortcut is asked for again on a later tick), so ``register`` exempts them
+            # from custody copies and HandedOff notices (kbr_custody.py). Measured with the
+            # churn-following window: docs/smallworld.md, "Connect requests without custody".
+            self.register(LINK_APP, _lnk.LinkApp(self))
 
     def _has_user_apps(self) -> bool:
         apps = self.apps

@@ -27,7 +27,8 @@ __all__ = ["LinkApp", "on_connect_request"]
 
 class LinkApp:
     """The internal KBR application that carries :class:`ConnectRequest` payloads. Its senders
-    retry end to end (``BaseApplication.end_to_end``; ``SmallWorldCore.ensure_link_app``)."""
+    retry end to end (``BaseApplication.end_to_end``), so ``register`` exempts its messages
+    from custody (``SmallWorldCore.ensure_link_app``)."""
 
     __slots__ = ("core",)
     end_to_end = True
