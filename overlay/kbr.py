@@ -63,7 +63,7 @@ from overlay.errors import (
     UnknownApplicationError,
 )
 from overlay.handle import Address, NodeHandle
-from overlay.ids import NodeId, closer
+from overlay.ids import NodeId, closer, ring_distance
 from overlay.kbr_custody import CustodyEngine
 from overlay.kbr_pending import Hop
 from overlay.messages import Message, register
@@ -243,6 +243,22 @@ class KbrConfig:
     #: The same budget serves a reroute that would deliver here while it excludes a live node
     #: closer to the key: that node gets the message once more (``HopEngine._closer_excluded``).
     retry_bounced_s: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+    #: at a message's origin, a best next hop not heard from for longer than this gives way
+    #: to the next best one heard from within it (``next_hop`` with the stale ones excluded,
+    #: so each overlay's own progress rule still holds), if that one is at most
+    #: ``fresh_first_hop_factor`` times as far from the key. Custody covers the crash of every
+    #: later holder, not the origin's: until the first hop acks, the origin alone holds the
+    #: message, and a first hop that crashed unnoticed costs a hop timeout and a reroute, in
+    #: which the origin's own crash loses it (traced under 5-minute sessions: the lookups lost
+    #: with their source; docs/smallworld.md, "Fresh first hops"). A peer silent for 20 s has
+    #: crashed with probability 1 - e^(-20/300) = 6.5 % at 5-minute sessions, one silent for a
+    #: shortcut's idle period (120 s) with 33 %. 0 = off.
+    fresh_first_hop_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    #: see ``fresh_first_hop_s``: how much farther from the key (ring distance, as a factor)
+    #: a fresh first hop may leave the message than the stale best one
+    fresh_first_hop_factor: float = attrs.field(default=8.0, validator=attrs.validators.ge(1.0))
+    #: see ``fresh_first_hop_s``: alternatives examined at most
+    fresh_first_hop_tries: int = attrs.field(default=8, validator=attrs.validators.ge(1))
     retry_bounced_times: int = attrs.field(default=6, validator=attrs.validators.ge(0))
     #: the previous hop keeps a copy of each message its next hop acked until that hop says
     #: it handed it on (its own next hop acked, or it delivered), and routes the copy again
@@ -438,6 +454,39 @@ class KbrCore(CustodyEngine, abc.ABC):
     def next_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
         """The next hop towards ``key`` avoiding ``exclude`` and suspected nodes; None = here."""
 
+    def first_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
+        """The next hop of a message still at its origin: :meth:`next_hop`, but a best hop not
+        heard from for ``KbrConfig.fresh_first_hop_s`` gives way to the next best one heard from
+        within it, no more than ``fresh_first_hop_factor`` times as far from the key. Custody
+        (a hop keeps its copy until the next one hands the message on) covers every later
+        holder's crash; nothing covers the origin's while its first hop has not acked."""
+        nh = self.next_hop(key, exclude)
+        cfg = self.kbr_config
+        fresh_s = cfg.fresh_first_hop_s
+        if nh is None or fresh_s <= 0.0:
+            return nh
+        prox = self.prox
+        since = self.runtime.now() - fresh_s
+        t = prox.last_heard(nh)
+        if t is not None and t >= since:
+            return nh
+        limit = ring_distance(nh.id, key) * cfg.fresh_first_hop_factor
+        skip = set(exclude) if exclude else set()
+        cand = nh
+        for _ in range(cfg.fresh_first_hop_tries):
+            skip.add(cand)
+            nxt = self.next_hop(key, skip)
+            if nxt is None or ring_distance(nxt.id, key) > limit:
+                break
+            cand = nxt
+            t = prox.last_heard(cand)
+            # a suspected peer is no fresher than the stale one (an overlay's next_hop may
+            # offer one when nothing live is closer)
+            if t is not None and t >= since and cand not in prox.bad:
+                self.stats["fresh_first_hops"] += 1
+                return cand
+        return nh
+
     @abc.abstractmethod
     def local_lookup(self, key: NodeId, n: int) -> list[NodeHandle]:
         """Up to ``n`` known nodes usable as next hops towards ``key``, best first."""
@@ -583,6 +632,8 @@ class KbrCore(CustodyEngine, abc.ABC):
         nh: NodeHandle | None
         if hint is not None and hint != self.handle and hint not in self.prox.bad:
             nh = hint
+        elif msg.hops == 0 and msg.origin == self.handle:
+            nh = self.first_hop(msg.key, exclude)
         else:
             nh = self.next_hop(msg.key, exclude)
         app = self.apps.get(msg.app)

@@ -18,7 +18,7 @@ import pytest
 from overlay.errors import ConfigError, OverlayError
 from overlay.handle import Address, NodeHandle
 from overlay.ids import RING, NodeId, closer, ring_distance
-from overlay.kbr import BaseApplication, RouteMsg
+from overlay.kbr import BaseApplication, KbrConfig, RouteMsg
 from overlay.messages import Message, register
 from overlay.runtime import ManualRuntime, ManualTimer
 from overlay.smallworld import (
@@ -171,6 +171,84 @@ def test_next_hop_skips_bad_and_excluded() -> None:
     assert (second.id if second else None) == _brute_next(t.me, key, rest)
 
 
+def test_a_stale_first_hop_gives_way_to_a_fresh_one_no_more_than_the_factor_farther() -> None:
+    """``KbrConfig.fresh_first_hop_s``: at a message's origin, greedy's best hop, unheard for
+    longer, gives way to the closest connection heard within it that leaves the message at
+    most ``fresh_first_hop_factor`` times as far from the key; with none such, or the rule
+    off, the best hop stands."""
+    key = RING // 2
+    g = RING // 1000
+    best, near_alt, far_alt = _h(key + g), _h(key - 3 * g), _h(key + 5 * g)
+    stale = _h(key - 2 * g)  # between the best and the alternatives, never heard again
+    for fresh_s, alts, want in [
+        (30.0, (near_alt, far_alt), near_alt),  # 3x as far: taken
+        (30.0, (far_alt,), best),  # 5x as far: the stale best stands
+        (0.0, (near_alt, far_alt), best),  # off
+    ]:
+        rt = ManualRuntime(seed=1)
+        c = SmallWorldCore(
+            rt,
+            _h(0, 0),
+            SmallWorldConfig(kbr=KbrConfig(fresh_first_hop_s=fresh_s, fresh_first_hop_factor=4.0)),
+        )
+        c.table.set_near(3)  # the rule holds while the window is widened: short sessions
+        for h in (best, stale, *alts):
+            c.table.add(h)
+            c.prox.heard(h, start=True)
+        rt.advance(31.0)
+        for h in alts:
+            c.prox.heard(h)
+        assert c.first_hop(NodeId(key)) == want
+        assert c.next_hop(NodeId(key)) == best  # a message past its origin: plain greedy
+        c.table.set_near(2)  # sessions look long again: plain greedy at the origin too
+        assert c.first_hop(NodeId(key)) == best
+        c.table.set_near(3)
+        # heard recently, the best hop is taken whatever the others
+        c.prox.heard(best)
+        assert c.first_hop(NodeId(key)) == best
+        assert c.stats["fresh_first_hops"] == (want != best)
+
+
+def test_first_hop_matches_brute_force() -> None:
+    """Random tables, liveness ages, verdicts and keys: ``first_hop`` is the best hop if it
+    was heard within ``fresh_first_hop_s``, else the first fresh one among the next
+    ``fresh_first_hop_tries`` in greedy order that is no more than ``fresh_first_hop_factor``
+    times as far from the key (stopping at the first farther), else the best hop."""
+    rng = random.Random(9)
+    kcfg = KbrConfig(fresh_first_hop_s=20.0, fresh_first_hop_factor=8.0, fresh_first_hop_tries=3)
+    for _ in range(20):
+        rt = ManualRuntime(seed=rng.getrandbits(32))
+        me = rng.getrandbits(160)
+        c = SmallWorldCore(rt, _h(me, 0), SmallWorldConfig(kbr=kcfg))
+        c.table.set_near(3)
+        conns = [_h(rng.getrandbits(160), i + 1) for i in range(rng.randint(1, 30))]
+        heard_at = {h: rng.uniform(0.0, 60.0) for h in conns}
+        for h in sorted(conns, key=heard_at.__getitem__):
+            c.table.add(h)
+            rt.advance(heard_at[h] - rt.now())
+            c.prox.heard(h, start=True)
+        rt.advance(60.0 - rt.now())
+        for h in conns:
+            if rng.random() < 0.1:
+                c.prox.suspect(h)
+        for _ in range(50):
+            key = rng.getrandbits(160)
+            order = sorted(
+                (h for h in conns if closer(key, h.id, me) and h not in c.prox.bad),
+                key=lambda h: (ring_distance(h.id, key), h.id),
+            )
+            want = order[0] if order else c.next_hop(NodeId(key))
+            if order and heard_at[order[0]] < 40.0:
+                limit = ring_distance(order[0].id, key) * 8.0
+                for h in order[1:4]:
+                    if ring_distance(h.id, key) > limit:
+                        break
+                    if heard_at[h] >= 40.0:
+                        want = h
+                        break
+            assert c.first_hop(NodeId(key)) == want
+
+
 def test_in_range_is_clockwise_from_owner() -> None:
     rng = random.Random(4)
     t, ids = _random_table(rng, 30)
@@ -268,6 +346,54 @@ class MiniNet:
             c.join(seeds, done.append)
             self.run(20.0)
             assert done == [True]
+
+
+def test_only_a_message_at_its_origin_takes_a_fresh_first_hop_and_every_one_arrives() -> None:
+    """A settled ring, windows widened, ``fresh_first_hop_s`` shorter than its idle pings:
+    each message asks ``first_hop`` once, at its origin, takes fresh first hops, and still
+    reaches the live node closest to its key (brute force)."""
+    net = MiniNet(seed=8)
+    cfg = SmallWorldConfig(kbr=KbrConfig(fresh_first_hop_s=5.0))
+    net.grow(40, cfg)
+    net.run(60.0)
+    for c in net.cores:
+        c.table.set_near(3)  # as a node observing short sessions
+    calls: list[tuple[object, int]] = []  # (node, key) of each first_hop call
+    sinks = []
+    for c in net.cores:
+        sink = _Sink()
+        sinks.append(sink)
+        c.register("app", sink)
+        plain = c.first_hop
+
+        def counted(
+            key: NodeId,
+            exclude: object = None,
+            *,
+            _c: SmallWorldCore = c,
+            _f: Callable[..., NodeHandle | None] = plain,
+        ) -> NodeHandle | None:
+            calls.append((_c.handle.address, int(key)))
+            return _f(key, exclude)
+
+        c.first_hop = counted  # type: ignore[method-assign]
+    ids = [c.id for c in net.cores]
+    want: list[int] = []
+    asked: list[tuple[object, int]] = []
+    for k in range(100):
+        src = net.rng.choice(net.cores)
+        key = NodeId(net.rng.getrandbits(160))
+        src.route(key, "app", k)
+        want.append(min(ids, key=lambda x: (ring_distance(x, key), x)))
+        asked.append((src.handle.address, int(key)))
+        assert calls[-1] == asked[-1]
+    net.run(10.0)
+    # the ring's own routed messages (connect requests) ask too; ours once each, at the origin
+    keys = {k for _, k in asked}
+    assert sorted(c for c in calls if c[1] in keys) == sorted(asked)
+    got = {p: c.id for c, s in zip(net.cores, sinks, strict=True) for p in s.got}
+    assert [got.get(k) for k in range(100)] == want
+    assert sum(c.stats["fresh_first_hops"] for c in net.cores) > 0
 
 
 class _PumpRuntime:

@@ -33,6 +33,17 @@ def _positive(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"SmallWorldConfig.{attr.name} must be > 0, got {value!r}")
 
 
+def _default_kbr() -> KbrConfig:
+    # A message's first hop heard from within 20 s where one is at most 8 times as far from
+    # the key (KbrConfig.fresh_first_hop_s), while the node observes short sessions (its
+    # near window widened: SmallWorldCore.first_hop): a shortcut is pinged only after 120 s
+    # of silence, so at 5-minute sessions a stale best hop has often crashed unnoticed, and
+    # a lookup whose origin crashes before its first hop acks is lost with it
+    # (docs/smallworld.md, "Fresh first hops"). Pastry, whose table entries are probed more
+    # often, gained nothing measurable and keeps it off.
+    return KbrConfig(fresh_first_hop_s=20.0)
+
+
 def _default_proximity() -> ProximityConfig:
     return ProximityConfig(probe_retries=2)
 
@@ -168,7 +179,7 @@ class SmallWorldConfig:
     #: with it on, every connection is pinged once per idle period).
     maintenance_enabled: bool = True
     #: routing reliability (per-hop acks, retransmits, reroutes) shared with Pastry.
-    kbr: KbrConfig = attrs.Factory(KbrConfig)
+    kbr: KbrConfig = attrs.Factory(_default_kbr)
     #: RTT estimation and the ALIVE/SUSPECTED/DEAD failure detector. Ours: two probe retries
     #: (7 RTOs to DEAD instead of 15). A near neighbour is probed only after its periodic list
     #: failed to come, so the silence is evidence already; declaring a crash sooner shortens
