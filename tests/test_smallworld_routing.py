@@ -235,3 +235,39 @@ def test_a_held_message_its_application_rejects_is_dropped_and_counted_at_releas
     assert core.stats["dropped_malformed"] == 1 and core.stats["delivered"] == 1
     core.receive(_h(400), RouteMsg(NodeId(900), "app", "ok", _h(5), 48, 1))
     assert core.stats["forwarded"] >= 1  # still routing
+
+
+@pytest.mark.parametrize(("heard_since", "widened"), [(False, False), (True, False), (False, True)])
+def test_a_gap_is_closed_only_by_neighbours_heard_from_since(
+    heard_since: bool, widened: bool
+) -> None:
+    """Both near neighbours on one side crash at once (traced at 30-minute sessions, 5 %
+    loss: ``root_unknown``); two connections farther on slide into the window, not heard from
+    since. A message for a key in the gap, whose root we do not know, is held while we cannot
+    tell we are its root — the two that slid in fill the window but prove nothing yet. Once
+    both have been heard from since the loss, the gap is closed and we deliver at once. A
+    widened window (short sessions) counts the ones held, as before: delivered at once."""
+    conns = [1100, 1200, 1900, 2000, 400, 300] + ([2100, 200] if widened else [])
+    rt, core, app = _node(1000, conns)
+    if widened:
+        core.table.set_near(3)
+    for c in conns:
+        core.prox.heard(_h(c), start=True)
+    rt.advance(10.0)
+    for c in (1100, 1200):
+        core.prox.declare_dead(_h(c))
+    assert [h.id for h in core.table.right()] == [1900, 2000, 2100][: core.table.near]
+    if heard_since:
+        rt.advance(1.0)
+        core.prox.heard(_h(1900))
+        core.prox.heard(_h(2000))
+    rt.take_sent()
+    key = NodeId(1400)  # the greedy oracle over our live connections: deliver here
+    assert _oracle_next(1000, 1400, conns[2:]) is None
+    core.receive(_h(400), RouteMsg(key, "app", "g", _h(5), 49, 1))
+    if heard_since or widened:
+        assert core.stats["held_unsure_root"] == 0 and [p for p, _ in app.got] == ["g"]
+    else:
+        assert core.stats["held_unsure_root"] == 1 and not app.got
+        rt.advance(2.5)  # nothing closer turned up: delivered here at the hold's end
+        assert [p for p, _ in app.got] == ["g"]
