@@ -243,6 +243,7 @@ class KbrConfig:
     #: The same budget serves a reroute that would deliver here while it excludes a live node
     #: closer to the key: that node gets the message once more (``HopEngine._closer_excluded``).
     retry_bounced_s: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+    retry_bounced_times: int = attrs.field(default=6, validator=attrs.validators.ge(0))
     #: at a message's origin, a best next hop not heard from for longer than this gives way
     #: to the next best one heard from within it (``next_hop`` with the stale ones excluded,
     #: so each overlay's own progress rule still holds), if that one is at most
@@ -259,7 +260,6 @@ class KbrConfig:
     fresh_first_hop_factor: float = attrs.field(default=8.0, validator=attrs.validators.ge(1.0))
     #: see ``fresh_first_hop_s``: alternatives examined at most
     fresh_first_hop_tries: int = attrs.field(default=8, validator=attrs.validators.ge(1))
-    retry_bounced_times: int = attrs.field(default=6, validator=attrs.validators.ge(0))
     #: the previous hop keeps a copy of each message its next hop acked until that hop says
     #: it handed it on (its own next hop acked, or it delivered), and routes the copy again
     #: if the hop is declared DEAD first (``overlay/kbr_custody.py``): a one-way message
