@@ -467,8 +467,7 @@ class KbrCore(CustodyEngine, abc.ABC):
             return nh
         prox = self.prox
         since = self.runtime.now() - fresh_s
-        t = prox.last_heard(nh)
-        if t is not None and t >= since:
+        if prox.heard_since(nh, since):
             return nh
         limit = ring_distance(nh.id, key) * cfg.fresh_first_hop_factor
         skip = set(exclude) if exclude else set()
@@ -479,10 +478,9 @@ class KbrCore(CustodyEngine, abc.ABC):
             if nxt is None or ring_distance(nxt.id, key) > limit:
                 break
             cand = nxt
-            t = prox.last_heard(cand)
             # a suspected peer is no fresher than the stale one (an overlay's next_hop may
             # offer one when nothing live is closer)
-            if t is not None and t >= since and cand not in prox.bad:
+            if prox.heard_since(cand, since) and cand not in prox.bad:
                 self.stats["fresh_first_hops"] += 1
                 return cand
         return nh

@@ -160,17 +160,15 @@ class CustodyEngine(HopEngine):
             del held[mid]
             self.stats["custody_expired"] += 1
             return
-        if hop.attempt:
-            heard = prox.last_heard(hop.nh)
-            if heard is not None and heard >= hop.checked_at:
-                # It answered our probe (or spoke to us) after its notice was due: alive, so the
-                # notice was most likely lost. Probing it again and again until the copy
-                # expired cost ~3 pings and pongs per lost notice (at 5 % loss half of all
-                # custody probes). The copy stays until then, so a DEAD verdict reached any
-                # other way still routes it again.
-                self.stats["custody_quiet"] += 1
-                self._arm_check(mid, hop, left)
-                return
+        if hop.attempt and prox.heard_since(hop.nh, hop.checked_at):
+            # It answered our probe (or spoke to us) after its notice was due: alive, so the
+            # notice was most likely lost. Probing it again and again until the copy
+            # expired cost ~3 pings and pongs per lost notice (at 5 % loss half of all
+            # custody probes). The copy stays until then, so a DEAD verdict reached any
+            # other way still routes it again.
+            self.stats["custody_quiet"] += 1
+            self._arm_check(mid, hop, left)
+            return
         self.stats["custody_probes"] += 1
         hop.attempt += 1
         hop.checked_at = now

@@ -407,6 +407,14 @@ class Proximity:
         t = self.peers.cols[r * _WIDTH + _LAST_HEARD]
         return t if t >= 0.0 else None
 
+    def heard_since(self, h: NodeHandle, t: float) -> bool:
+        """Whether ``h`` was heard from at or after runtime time ``t`` (False if never)."""
+        r = self.peers.rows.get(h)
+        if r is None:
+            return False
+        last = self.peers.cols[r * _WIDTH + _LAST_HEARD]
+        return last >= 0.0 and last >= t
+
     def rto(self, h: NodeHandle) -> float:
         """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
         r = self.peers.rows.get(h)

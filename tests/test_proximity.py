@@ -339,3 +339,19 @@ def test_a_dead_verdict_is_rechecked_once_it_is_old_and_a_pong_revives_the_peer(
     rt.advance(0.1)
     p.on_pong(PEER, Pong(ping.nonce, ping.sent_at))
     assert p.state(PEER) is Liveness.ALIVE and alive == [PEER]
+
+
+def test_heard_since_is_last_heard_at_or_after_a_time_and_false_without_a_hearing() -> None:
+    """``heard_since(h, t)`` agrees with ``last_heard``: False with no record or a record never
+    heard from (even for a time before the runtime's start), else ``last_heard >= t``."""
+    rt = ManualRuntime(seed=4)
+    p = Proximity(rt, ME, ProximityConfig(), on_dead=lambda h: None)
+    assert not p.heard_since(PEER, -100.0)  # no record
+    p.probe(PEER)  # a record, never heard from
+    assert p.last_heard(PEER) is None and not p.heard_since(PEER, -100.0)
+    rt.advance(5.0)
+    p.heard(PEER)
+    for t in (-1.0, 0.0, 5.0, 5.0001, 10.0):
+        last = p.last_heard(PEER)
+        assert last is not None and p.heard_since(PEER, t) == (last >= t)
+    assert p.heard_since(PEER, 5.0) and not p.heard_since(PEER, 5.0001)

@@ -272,9 +272,14 @@ class SmallWorldCore(KbrCore):
         observes short sessions — its near window widened (``churn.py``) — else plain greedy:
         at 30-minute sessions a peer silent for 20 s has crashed with probability 1 %, and
         the rule would only cost hops (docs/smallworld.md, "Fresh first hops")."""
-        if self.table.near > self.config.near_per_side:
+        if self._widened():
             return super().first_hop(key, exclude)
         return self.next_hop(key, exclude)
+
+    def _widened(self) -> bool:
+        """Whether this node observes short sessions: its near window is wider than
+        ``near_per_side`` (``churn.py``). Fresh first hops and the gap rule follow it."""
+        return self.table.near > self.config.near_per_side
 
     def _live(self) -> list[NodeHandle]:
         bad = self.prox.bad
@@ -498,16 +503,11 @@ class SmallWorldCore(KbrCore):
         gaps = self._gap_since
         since = gaps.get(side_id) if gaps is not None else None
         if gaps is not None and since is not None:
-            if t.near > self.config.near_per_side:
-                # widened (short sessions): gaps are open most of the time, and waiting for
-                # the slid-in ones to be heard held 9 times as many messages and cost 2.5 s of
-                # latency p99 at 5-minute sessions; held connections fill the side, as before
-                heard = len(live)
-            else:
-                heard = 0
-                for h in live:
-                    t_h = prox.last_heard(h)
-                    heard += t_h is not None and t_h >= since
+            # widened: gaps are open most of the time at short sessions, and waiting for the
+            # slid-in ones to be heard held 9 times as many messages and cost 2.5 s of latency
+            # p99 at 5-minute sessions; held connections fill the side, as before
+            widened = self._widened()
+            heard = len(live) if widened else sum(prox.heard_since(h, since) for h in live)
             if heard >= t.near or self.runtime.now() - since > _GAP_MEMORY_S:
                 del gaps[side_id]
                 since = None
