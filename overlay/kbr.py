@@ -260,6 +260,16 @@ class KbrConfig:
     fresh_first_hop_factor: float = attrs.field(default=8.0, validator=attrs.validators.ge(1.0))
     #: see ``fresh_first_hop_s``: alternatives examined at most
     fresh_first_hop_tries: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    #: at its origin a message also leaves, untracked, by a second first hop: the next one in
+    #: the overlay's own order after the hop chosen that was heard from within
+    #: ``fresh_first_hop_s`` (needs it > 0), is not suspected, and is at most
+    #: ``fresh_first_hop_factor`` times as far from the key. The origin alone holds a message
+    #: until its first hop acks, and when that hop crashed unnoticed, the hop timeout and the
+    #: reroute are a window in which the origin's own crash loses it; a second copy closes the
+    #: window to the spare's round trip. The copies share the message id, so a node that meets
+    #: both drops the one with no more hops and the root delivers one (ours, after hedged
+    #: requests; docs/smallworld.md, "A spare first hop"). False = one first hop.
+    spare_first_hop: bool = False
     #: the previous hop keeps a copy of each message its next hop acked until that hop says
     #: it handed it on (its own next hop acked, or it delivered), and routes the copy again
     #: if the hop is declared DEAD first (``overlay/kbr_custody.py``): a one-way message
@@ -290,6 +300,9 @@ class KbrCore(CustodyEngine, abc.ABC):
     """Shared machinery of a sans-io overlay core. Subclasses: PastryCore, SmallWorldCore."""
 
     overlay_name: ClassVar[str] = "?"
+    #: the overlay's own routed applications (joins, ring links): never sent by a spare first
+    #: hop — a second delivery of a join or a link request would act twice
+    overlay_apps: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -461,29 +474,51 @@ class KbrCore(CustodyEngine, abc.ABC):
         (a hop keeps its copy until the next one hands the message on) covers every later
         holder's crash; nothing covers the origin's while its first hop has not acked."""
         nh = self.next_hop(key, exclude)
+        if nh is None or self.kbr_config.fresh_first_hop_s <= 0.0:
+            return nh
+        if self.prox.heard_since(nh, self.runtime.now() - self.kbr_config.fresh_first_hop_s):
+            return nh
+        alt = self._fresh_after(key, nh, exclude)
+        if alt is None:
+            return nh
+        self.stats["fresh_first_hops"] += 1
+        return alt
+
+    def spare_first_hop(
+        self, key: NodeId, app: str, first: NodeHandle, exclude: set[NodeHandle] | None = None
+    ) -> NodeHandle | None:
+        """The second first hop of application ``app``'s message leaving its origin by
+        ``first`` (``KbrConfig.spare_first_hop``), or None: off, one of the overlay's own
+        applications (:attr:`overlay_apps`), or no fresh hop near enough."""
         cfg = self.kbr_config
-        fresh_s = cfg.fresh_first_hop_s
-        if nh is None or fresh_s <= 0.0:
-            return nh
+        if not cfg.spare_first_hop or cfg.fresh_first_hop_s <= 0.0 or app in self.overlay_apps:
+            return None
+        return self._fresh_after(key, first, exclude)
+
+    def _fresh_after(
+        self, key: NodeId, nh: NodeHandle, exclude: set[NodeHandle] | None
+    ) -> NodeHandle | None:
+        """The first node after ``nh`` in :meth:`next_hop`'s order towards ``key`` (at most
+        ``fresh_first_hop_tries`` examined) that was heard from within ``fresh_first_hop_s``,
+        is not suspected, and is at most ``fresh_first_hop_factor`` times as far from the key
+        as ``nh``; None if there is none such."""
+        cfg = self.kbr_config
         prox = self.prox
-        since = self.runtime.now() - fresh_s
-        if prox.heard_since(nh, since):
-            return nh
+        since = self.runtime.now() - cfg.fresh_first_hop_s
         limit = ring_distance(nh.id, key) * cfg.fresh_first_hop_factor
         skip = set(exclude) if exclude else set()
         cand = nh
         for _ in range(cfg.fresh_first_hop_tries):
             skip.add(cand)
-            nxt = self.next_hop(key, skip)
-            if nxt is None or ring_distance(nxt.id, key) > limit:
-                break
-            cand = nxt
+            cand_next = self.next_hop(key, skip)
+            if cand_next is None or ring_distance(cand_next.id, key) > limit:
+                return None
+            cand = cand_next
             # a suspected peer is no fresher than the stale one (an overlay's next_hop may
             # offer one when nothing live is closer)
             if prox.heard_since(cand, since) and cand not in prox.bad:
-                self.stats["fresh_first_hops"] += 1
                 return cand
-        return nh
+        return None
 
     @abc.abstractmethod
     def local_lookup(self, key: NodeId, n: int) -> list[NodeHandle]:
@@ -688,6 +723,25 @@ class KbrCore(CustodyEngine, abc.ABC):
             old.timer.cancel()
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
+        if msg.hops == 0 and not resent and hint is None and msg.origin == self.handle:
+            self._send_spare(app, out, nh2, exclude)
+
+    def _send_spare(
+        self, app: Application, out: RouteMsg, first: NodeHandle, exclude: set[NodeHandle] | None
+    ) -> None:
+        """Send ``out``, just sent from its origin to ``first``, by a spare first hop too
+        (``KbrConfig.spare_first_hop``), through the application's ``forward`` upcall like
+        any hop. Untracked: its ack matches no pending hop and is ignored; should the tracked
+        hop time out, a reroute to the spare meets a duplicate there, which acks it."""
+        spare = self.spare_first_hop(out.key, out.app, first, exclude)
+        if spare is None:
+            return
+        spare = app.forward(out.key, out.payload, spare)
+        if spare is None or spare == self.handle or spare == first:
+            return
+        self._record(out, spare)
+        self.stats["spare_first_hops"] += 1
+        self.runtime.send(spare, out)
 
     def _deliver_to(self, app: Application, msg: RouteMsg, prev: NodeHandle | None) -> None:
         """Deliver ``msg`` here. An application that rejects its payload raises (junk under its

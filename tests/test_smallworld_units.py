@@ -350,10 +350,11 @@ class MiniNet:
 
 def test_only_a_message_at_its_origin_takes_a_fresh_first_hop_and_every_one_arrives() -> None:
     """A settled ring, windows widened, ``fresh_first_hop_s`` shorter than its idle pings:
-    each message asks ``first_hop`` once, at its origin, takes fresh first hops, and still
-    reaches the live node closest to its key (brute force)."""
+    each message asks ``first_hop`` once, at its origin, takes fresh first hops, leaves by a
+    spare first hop too, and still reaches the live node closest to its key (brute force),
+    once."""
     net = MiniNet(seed=8)
-    cfg = SmallWorldConfig(kbr=KbrConfig(fresh_first_hop_s=5.0))
+    cfg = SmallWorldConfig(kbr=KbrConfig(fresh_first_hop_s=5.0, spare_first_hop=True))
     net.grow(40, cfg)
     net.run(60.0)
     for c in net.cores:
@@ -393,7 +394,108 @@ def test_only_a_message_at_its_origin_takes_a_fresh_first_hop_and_every_one_arri
     assert sorted(c for c in calls if c[1] in keys) == sorted(asked)
     got = {p: c.id for c, s in zip(net.cores, sinks, strict=True) for p in s.got}
     assert [got.get(k) for k in range(100)] == want
+    assert sum(len(s.got) for s in sinks) == 100  # the spare copies delivered nowhere else
     assert sum(c.stats["fresh_first_hops"] for c in net.cores) > 0
+    assert sum(c.stats["spare_first_hops"] for c in net.cores) > 0
+
+
+def test_spare_first_hop_matches_brute_force() -> None:
+    """Random tables, liveness ages, verdicts and keys: the spare first hop of a message that
+    leaves by ``first`` is the first of the next ``fresh_first_hop_tries`` live connections in
+    greedy order (``first`` left out) heard within ``fresh_first_hop_s``, stopping at the
+    first more than ``fresh_first_hop_factor`` times as far from the key as ``first``; none
+    for the ring's own messages, with the window narrow, or with the rule off."""
+    rng = random.Random(11)
+    on = KbrConfig(
+        fresh_first_hop_s=20.0, fresh_first_hop_factor=8.0, fresh_first_hop_tries=3,
+        spare_first_hop=True,
+    )  # fmt: skip
+    spared = 0
+    for trial in range(20):
+        rt = ManualRuntime(seed=rng.getrandbits(32))
+        me = rng.getrandbits(160)
+        kcfg = on if trial else attrs.evolve(on, spare_first_hop=False)
+        c = SmallWorldCore(rt, _h(me, 0), SmallWorldConfig(kbr=kcfg))
+        c.table.set_near(3)
+        conns = [_h(rng.getrandbits(160), i + 1) for i in range(rng.randint(1, 30))]
+        heard_at = {h: rng.uniform(0.0, 60.0) for h in conns}
+        for h in sorted(conns, key=heard_at.__getitem__):
+            c.table.add(h)
+            rt.advance(heard_at[h] - rt.now())
+            c.prox.heard(h, start=True)
+        rt.advance(60.0 - rt.now())
+        for h in conns:
+            if rng.random() < 0.1:
+                c.prox.suspect(h)
+        for _ in range(50):
+            key = rng.getrandbits(160)
+            order = sorted(
+                (h for h in conns if closer(key, h.id, me) and h not in c.prox.bad),
+                key=lambda h: (ring_distance(h.id, key), h.id),
+            )
+            if not order:
+                continue
+            first = rng.choice(order)
+            want = None
+            limit = ring_distance(first.id, key) * 8.0
+            for h in [h for h in order if h != first][:3]:
+                if ring_distance(h.id, key) > limit:
+                    break
+                if heard_at[h] >= 40.0:
+                    want = h
+                    break
+            got = c.spare_first_hop(NodeId(key), "app", first)
+            assert got == (want if trial else None)
+            spared += got is not None
+            assert c.spare_first_hop(NodeId(key), LINK_APP, first) is None
+            c.table.set_near(2)
+            assert c.spare_first_hop(NodeId(key), "app", first) is None
+            c.table.set_near(3)
+    assert spared > 0
+
+
+@pytest.mark.parametrize("spare", [True, False])
+def test_a_spare_first_hop_carries_a_message_whose_origin_and_first_hop_crash(
+    spare: bool,
+) -> None:
+    """The case it is for: a message's first hop has crashed unnoticed and its origin crashes
+    right after sending. With a spare first hop the message still reaches the live node
+    closest to its key, once; with one first hop (the control) nobody holds it any more."""
+    net = MiniNet(seed=12)
+    kcfg = KbrConfig(fresh_first_hop_s=100.0, spare_first_hop=spare)
+    net.grow(40, SmallWorldConfig(kbr=kcfg))
+    net.run(60.0)
+    sinks = []
+    for c in net.cores:
+        c.table.set_near(3)  # as a node observing short sessions
+        sinks.append(_Sink())
+        c.register("app", sinks[-1])
+    for _ in range(200):  # an origin and key whose message needs a hop, with a spare one
+        src = net.rng.choice(net.cores)
+        key = NodeId(net.rng.getrandbits(160))
+        first = src.first_hop(key)
+        if first is None:
+            continue
+        other = attrs.evolve(kcfg, spare_first_hop=True)
+        src.kbr_config, saved = other, src.kbr_config
+        spare_hop = src.spare_first_hop(key, "app", first)
+        src.kbr_config = saved
+        if spare_hop is not None:
+            break
+    else:
+        raise AssertionError("no origin with a spare first hop in 200 tries")
+    net.dead.add(first.address)
+    src.route(key, "app", "x")
+    net.dead.add(src.handle.address)
+    net.run(60.0)
+    live = [c for c in net.cores if c.handle.address not in net.dead]
+    root = min(live, key=lambda c: (ring_distance(c.id, key), c.id))
+    got = {i: s.got for i, s in enumerate(sinks) if s.got}
+    if spare:
+        assert got == {root.handle.address: ["x"]}
+        assert src.stats["spare_first_hops"] == 1
+    else:
+        assert got == {}
 
 
 class _PumpRuntime:

@@ -66,6 +66,7 @@ class PastryCore(KbrCore):
     """A Pastry node (sans-io). Construct with a runtime, its own handle and a config."""
 
     overlay_name: ClassVar[str] = "pastry"
+    overlay_apps: ClassVar[frozenset[str]] = frozenset({JOIN_APP})
 
     def __init__(
         self, runtime: Runtime, handle: NodeHandle, config: PastryConfig | None = None

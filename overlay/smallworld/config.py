@@ -40,8 +40,10 @@ def _default_kbr() -> KbrConfig:
     # of silence, so at 5-minute sessions a stale best hop has often crashed unnoticed, and
     # a lookup whose origin crashes before its first hop acks is lost with it
     # (docs/smallworld.md, "Fresh first hops"). Pastry, whose table entries are probed more
-    # often, gained nothing measurable and keeps it off.
-    return KbrConfig(fresh_first_hop_s=20.0)
+    # often, gained nothing measurable and keeps it off. Under the same gate an application's
+    # message also leaves its origin by a spare first hop (KbrConfig.spare_first_hop;
+    # docs/smallworld.md, "A spare first hop").
+    return KbrConfig(fresh_first_hop_s=20.0, spare_first_hop=True)
 
 
 def _default_proximity() -> ProximityConfig:

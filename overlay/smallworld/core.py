@@ -99,6 +99,7 @@ class SmallWorldCore(KbrCore):
     """Sans-io small-world ring node (Brunet/Symphony) implementing the KBR API."""
 
     overlay_name = "smallworld"
+    overlay_apps = frozenset({LINK_APP})
     _sw_handlers_installed: ClassVar[bool] = False
 
     def __init__(
@@ -275,6 +276,15 @@ class SmallWorldCore(KbrCore):
         if self._widened():
             return super().first_hop(key, exclude)
         return self.next_hop(key, exclude)
+
+    def spare_first_hop(
+        self, key: NodeId, app: str, first: NodeHandle, exclude: set[NodeHandle] | None = None
+    ) -> NodeHandle | None:
+        """The engine's spare first hop (``KbrConfig.spare_first_hop``) while this node
+        observes short sessions, as :meth:`first_hop`; none otherwise."""
+        if self._widened():
+            return super().spare_first_hop(key, app, first, exclude)
+        return None
 
     def _widened(self) -> bool:
         """Whether this node observes short sessions: its near window is wider than

@@ -21,7 +21,11 @@ built (oracle build by default, so the start is a settled ring), then churn runs
   other node ever held it), ``holder_crashed`` (a later node that forwarded it died before
   its next hop acknowledged and custody did not save it), or ``dropped`` (the
   holder is alive: retransmissions exhausted, hop limit, or loss). A delivery after the
-  timeout is counted as ``late``; a second delivery as ``duplicate``.
+  timeout is counted as ``late``; a second delivery as ``duplicate``, and as
+  ``duplicate_at_root`` too when it came to the node then closest to the key (the root changed
+  in between). ``hops_mean`` counts the ``forward`` upcalls of a lookup: with a spare first
+  hop (``KbrConfig.spare_first_hop``) those of both copies, the hop work a lookup cost rather
+  than the length of the path that delivered it.
 * **One-way or request/response.** By default a lookup is routed once and nothing comes back:
   the one-way message MSPastry measured, whose per-hop acks cannot save a lookup whose holder
   crashes. ``--tries K`` (K > 1) measures what a caller of ``overlay.Node.lookup`` gets instead:
@@ -163,6 +167,7 @@ class _ChurnRun:
                 "incorrect",
                 "late",
                 "duplicate",
+                "duplicate_at_root",
                 "retries",
                 "recovered_by_retry",
                 "source_crashed",
@@ -303,6 +308,9 @@ class _ChurnRun:
         counted = rec.window >= 0
         if rec.done:
             self.c["duplicate"] += counted
+            # a second delivery at the node closest to the key when it arrived: the root
+            # changed since the first (a copy that came later; a spare first hop's)
+            self.c["duplicate_at_root"] += counted and at.id == self.net.closest_live(int(rec.key))
             return
         rec.done = True
         if not counted:
