@@ -260,15 +260,17 @@ class KbrConfig:
     fresh_first_hop_factor: float = attrs.field(default=8.0, validator=attrs.validators.ge(1.0))
     #: see ``fresh_first_hop_s``: alternatives examined at most
     fresh_first_hop_tries: int = attrs.field(default=8, validator=attrs.validators.ge(1))
-    #: at its origin a message also leaves, untracked, by a second first hop: the next one in
-    #: the overlay's own order after the hop chosen that was heard from within
+    #: at its origin an application's message also leaves, untracked, by a second first hop:
+    #: the next one in the overlay's own order after the hop chosen that was heard from within
     #: ``fresh_first_hop_s`` (needs it > 0), is not suspected, and is at most
     #: ``fresh_first_hop_factor`` times as far from the key. The origin alone holds a message
     #: until its first hop acks, and when that hop crashed unnoticed, the hop timeout and the
     #: reroute are a window in which the origin's own crash loses it; a second copy closes the
-    #: window to the spare's round trip. The copies share the message id, so a node that meets
-    #: both drops the one with no more hops and the root delivers one (ours, after hedged
-    #: requests; docs/smallworld.md, "A spare first hop"). False = one first hop.
+    #: window to the spare's round trip. The copies share the message id: a node that meets
+    #: both drops the one with no more hops, and the root delivers once (a node that became
+    #: the root between the two arrivals delivers the later copy too). Ours, after the hedged
+    #: requests of Dean & Barroso ("The Tail at Scale", 2013); docs/smallworld.md, "A spare
+    #: first hop". False = one first hop.
     spare_first_hop: bool = False
     #: the previous hop keeps a copy of each message its next hop acked until that hop says
     #: it handed it on (its own next hop acked, or it delivered), and routes the copy again
@@ -724,6 +726,8 @@ class KbrCore(CustodyEngine, abc.ABC):
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
         if msg.hops == 0 and not resent and hint is None and msg.origin == self.handle:
+            # at its origin, on its first transmission or a reroute there to a hop not tried
+            # yet: the origin is again the one node that holds it
             self._send_spare(app, out, nh2, exclude)
 
     def _send_spare(
