@@ -209,6 +209,35 @@ def test_a_stale_first_hop_gives_way_to_a_fresh_one_no_more_than_the_factor_fart
         assert c.stats["fresh_first_hops"] == (want != best)
 
 
+def _aged_table(
+    rng: random.Random, kcfg: KbrConfig
+) -> tuple[SmallWorldCore, list[NodeHandle], dict[NodeHandle, float]]:
+    """A node with a widened window and 1-30 random connections, each last heard from at a
+    random time in the last 60 s (returned), a tenth of them suspected."""
+    rt = ManualRuntime(seed=rng.getrandbits(32))
+    c = SmallWorldCore(rt, _h(rng.getrandbits(160), 0), SmallWorldConfig(kbr=kcfg))
+    c.table.set_near(3)
+    conns = [_h(rng.getrandbits(160), i + 1) for i in range(rng.randint(1, 30))]
+    heard_at = {h: rng.uniform(0.0, 60.0) for h in conns}
+    for h in sorted(conns, key=heard_at.__getitem__):
+        c.table.add(h)
+        rt.advance(heard_at[h] - rt.now())
+        c.prox.heard(h, start=True)
+    rt.advance(60.0 - rt.now())
+    for h in conns:
+        if rng.random() < 0.1:
+            c.prox.suspect(h)
+    return c, conns, heard_at
+
+
+def _live_greedy_order(c: SmallWorldCore, conns: list[NodeHandle], key: int) -> list[NodeHandle]:
+    """The unsuspected connections closer to ``key`` than ``c``, closest first (brute force)."""
+    return sorted(
+        (h for h in conns if closer(key, h.id, c.id) and h not in c.prox.bad),
+        key=lambda h: (ring_distance(h.id, key), h.id),
+    )
+
+
 def test_first_hop_matches_brute_force() -> None:
     """Random tables, liveness ages, verdicts and keys: ``first_hop`` is the best hop if it
     was heard within ``fresh_first_hop_s``, else the first fresh one among the next
@@ -217,26 +246,10 @@ def test_first_hop_matches_brute_force() -> None:
     rng = random.Random(9)
     kcfg = KbrConfig(fresh_first_hop_s=20.0, fresh_first_hop_factor=8.0, fresh_first_hop_tries=3)
     for _ in range(20):
-        rt = ManualRuntime(seed=rng.getrandbits(32))
-        me = rng.getrandbits(160)
-        c = SmallWorldCore(rt, _h(me, 0), SmallWorldConfig(kbr=kcfg))
-        c.table.set_near(3)
-        conns = [_h(rng.getrandbits(160), i + 1) for i in range(rng.randint(1, 30))]
-        heard_at = {h: rng.uniform(0.0, 60.0) for h in conns}
-        for h in sorted(conns, key=heard_at.__getitem__):
-            c.table.add(h)
-            rt.advance(heard_at[h] - rt.now())
-            c.prox.heard(h, start=True)
-        rt.advance(60.0 - rt.now())
-        for h in conns:
-            if rng.random() < 0.1:
-                c.prox.suspect(h)
+        c, conns, heard_at = _aged_table(rng, kcfg)
         for _ in range(50):
             key = rng.getrandbits(160)
-            order = sorted(
-                (h for h in conns if closer(key, h.id, me) and h not in c.prox.bad),
-                key=lambda h: (ring_distance(h.id, key), h.id),
-            )
+            order = _live_greedy_order(c, conns, key)
             want = order[0] if order else c.next_hop(NodeId(key))
             if order and heard_at[order[0]] < 40.0:
                 limit = ring_distance(order[0].id, key) * 8.0
@@ -412,27 +425,11 @@ def test_spare_first_hop_matches_brute_force() -> None:
     )  # fmt: skip
     spared = 0
     for trial in range(20):
-        rt = ManualRuntime(seed=rng.getrandbits(32))
-        me = rng.getrandbits(160)
         kcfg = on if trial else attrs.evolve(on, spare_first_hop=False)
-        c = SmallWorldCore(rt, _h(me, 0), SmallWorldConfig(kbr=kcfg))
-        c.table.set_near(3)
-        conns = [_h(rng.getrandbits(160), i + 1) for i in range(rng.randint(1, 30))]
-        heard_at = {h: rng.uniform(0.0, 60.0) for h in conns}
-        for h in sorted(conns, key=heard_at.__getitem__):
-            c.table.add(h)
-            rt.advance(heard_at[h] - rt.now())
-            c.prox.heard(h, start=True)
-        rt.advance(60.0 - rt.now())
-        for h in conns:
-            if rng.random() < 0.1:
-                c.prox.suspect(h)
+        c, conns, heard_at = _aged_table(rng, kcfg)
         for _ in range(50):
             key = rng.getrandbits(160)
-            order = sorted(
-                (h for h in conns if closer(key, h.id, me) and h not in c.prox.bad),
-                key=lambda h: (ring_distance(h.id, key), h.id),
-            )
+            order = _live_greedy_order(c, conns, key)
             if not order:
                 continue
             first = rng.choice(order)
@@ -484,6 +481,7 @@ def test_a_spare_first_hop_carries_a_message_whose_origin_and_first_hop_crash(
             break
     else:
         raise AssertionError("no origin with a spare first hop in 200 tries")
+    assert isinstance(first.address, int) and isinstance(src.handle.address, int)
     net.dead.add(first.address)
     src.route(key, "app", "x")
     net.dead.add(src.handle.address)
