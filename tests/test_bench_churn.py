@@ -342,3 +342,28 @@ def test_request_response_lookups_get_no_custody() -> None:
     r = churn.run(args(overlay="pastry", tries=3))
     assert r["lookup_notices"] == 0 and r["delivered"] > 50
     assert r["node_stats_per_s_per_node"].get("custody_held", 0.0) == 0.0
+
+
+def test_second_deliveries_are_counted_and_checked_against_brute_force(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Small-world ring at short sessions (spare first hops on): every second delivery of a
+    measured lookup is a ``duplicate``, and ``duplicate_at_root`` those that came to the
+    active node then closest to the key (brute force over the active nodes, independently
+    of the bench's own oracle)."""
+    seconds: list[bool] = []
+    real = churn._ChurnRun.delivered
+
+    def delivered(self: Any, lid: int, at: Any, k: int = 0) -> None:
+        rec = self.recs.get(lid)
+        if rec is not None and rec.done and rec.window >= 0:
+            key = int(rec.key)
+            best = min(self.active, key=lambda n: (ring_distance(n.id, key), int(n.id)))
+            seconds.append(best is at)
+        real(self, lid, at, k)
+
+    monkeypatch.setattr(churn._ChurnRun, "delivered", delivered)
+    r = churn.run(args(overlay="smallworld", session_min=2.0, seed=3))
+    assert r["node_stats_per_s_per_node"].get("spare_first_hops", 0) > 0
+    assert r["duplicate"] == len(seconds) > 0
+    assert r["duplicate_at_root"] == sum(seconds)

@@ -288,7 +288,7 @@ class SmallWorldCore(KbrCore):
 
     def _widened(self) -> bool:
         """Whether this node observes short sessions: its near window is wider than
-        ``near_per_side`` (``churn.py``). Fresh first hops and the gap rule follow it."""
+        ``near_per_side`` (``churn.py``). Fresh and spare first hops and the gap rule follow it."""
         return self.table.near > self.config.near_per_side
 
     def _live(self) -> list[NodeHandle]:
