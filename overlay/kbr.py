@@ -476,7 +476,7 @@ class KbrCore(CustodyEngine, abc.ABC):
         (a hop keeps its copy until the next one hands the message on) covers every later
         holder's crash; nothing covers the origin's while its first hop has not acked."""
         nh = self.next_hop(key, exclude)
-        if nh is None or self.kbr_config.fresh_first_hop_s <= 0.0:
+        if nh is None or self.kbr_config.fresh_first_hop_s <= 0.0 or not self._origin_hedges():
             return nh
         if self.prox.heard_since(nh, self.runtime.now() - self.kbr_config.fresh_first_hop_s):
             return nh
@@ -495,7 +495,15 @@ class KbrCore(CustodyEngine, abc.ABC):
         cfg = self.kbr_config
         if not cfg.spare_first_hop or cfg.fresh_first_hop_s <= 0.0 or app in self.overlay_apps:
             return None
+        if not self._origin_hedges():
+            return None
         return self._fresh_after(key, first, exclude)
+
+    def _origin_hedges(self) -> bool:
+        """Whether this node applies fresh and spare first hops now (the config permitting).
+        Always, here; an overlay that tells short sessions from long ones narrows it (the
+        small-world ring: while its near window is widened)."""
+        return True
 
     def _fresh_after(
         self, key: NodeId, nh: NodeHandle, exclude: set[NodeHandle] | None
@@ -665,9 +673,10 @@ class KbrCore(CustodyEngine, abc.ABC):
         prev: NodeHandle | None = None,
     ) -> None:
         nh: NodeHandle | None
+        at_origin = msg.hops == 0 and msg.origin == self.handle
         if hint is not None and hint != self.handle and hint not in self.prox.bad:
             nh = hint
-        elif msg.hops == 0 and msg.origin == self.handle:
+        elif at_origin:
             nh = self.first_hop(msg.key, exclude)
         else:
             nh = self.next_hop(msg.key, exclude)
@@ -725,7 +734,7 @@ class KbrCore(CustodyEngine, abc.ABC):
             old.timer.cancel()
         self._pending[out.msg_id] = hop
         self._send_hop(hop)
-        if msg.hops == 0 and not resent and hint is None and msg.origin == self.handle:
+        if at_origin and not resent and hint is None:
             # at its origin, on its first transmission or a reroute there to a hop not tried
             # yet: the origin is again the one node that holds it
             self._send_spare(app, out, nh2, exclude)

@@ -36,7 +36,7 @@ def _positive(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
 def _default_kbr() -> KbrConfig:
     # A message's first hop heard from within 20 s where one is at most 8 times as far from
     # the key (KbrConfig.fresh_first_hop_s), while the node observes short sessions (its
-    # near window widened: SmallWorldCore.first_hop): a shortcut is pinged only after 120 s
+    # near window widened: SmallWorldCore._origin_hedges): a shortcut is pinged only after 120 s
     # of silence, so at 5-minute sessions a stale best hop has often crashed unnoticed, and
     # a lookup whose origin crashes before its first hop acks is lost with it
     # (docs/smallworld.md, "Fresh first hops"). Pastry, whose table entries are probed more

@@ -268,23 +268,13 @@ class SmallWorldCore(KbrCore):
                 nh = self.table.next_hop(key, dead, exclude)
         return nh
 
-    def first_hop(self, key: NodeId, exclude: set[NodeHandle] | None = None) -> NodeHandle | None:
-        """The engine's fresh first hop (``KbrConfig.fresh_first_hop_s``) while this node
-        observes short sessions — its near window widened (``churn.py``) — else plain greedy:
-        at 30-minute sessions a peer silent for 20 s has crashed with probability 1 %, and
-        the rule would only cost hops (docs/smallworld.md, "Fresh first hops")."""
-        if self._widened():
-            return super().first_hop(key, exclude)
-        return self.next_hop(key, exclude)
-
-    def spare_first_hop(
-        self, key: NodeId, app: str, first: NodeHandle, exclude: set[NodeHandle] | None = None
-    ) -> NodeHandle | None:
-        """The engine's spare first hop (``KbrConfig.spare_first_hop``) while this node
-        observes short sessions, as :meth:`first_hop`; none otherwise."""
-        if self._widened():
-            return super().spare_first_hop(key, app, first, exclude)
-        return None
+    def _origin_hedges(self) -> bool:
+        """Fresh and spare first hops (``KbrConfig.fresh_first_hop_s``, ``spare_first_hop``)
+        only while this node observes short sessions — its near window widened
+        (``churn.py``): at 30-minute sessions a peer silent for 20 s has crashed with
+        probability 1 %, and the rules would only cost hops (docs/smallworld.md, "Fresh first
+        hops", "A spare first hop")."""
+        return self._widened()
 
     def _widened(self) -> bool:
         """Whether this node observes short sessions: its near window is wider than
