@@ -96,6 +96,9 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
     procs = [_Proc(i) for i in range(args.processes)]
     windows: list[dict[str, int]] = []
     kills: list[dict[str, Any]] = []
+    #: every lookup that timed out or was answered wrongly (``miss``), in the order seen
+    misses: list[dict[str, Any]] = []
+    kill_times: list[float] = []  # at the kill (``kills`` is appended after the restart)
     t_start = time.monotonic()
 
     def live_ids() -> list[int]:
@@ -122,21 +125,56 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
         ready = [pr for pr in procs if pr.running and now - pr.up_since >= args.settle_s]
         if not ready:
             return False
-        _, addr = rng.choice(rng.choice(ready).nodes)
+        pr = rng.choice(ready)
+        asked, addr = rng.choice(pr.nodes)
         key = NodeId.random(rng)
         before = live_ids()
         w = tally if tally is not None else window()
         w["asked"] += 1
+        t_ask = time.monotonic()
         try:
             r = await c.lookup(addr, key, args.lookup_timeout_s)
         except Exception:  # a timeout, or the asked node's process was just killed
             w["timeout"] += 1
+            misses.append(miss("timeout", t_ask, pr, asked, key, before, None, tally))
             return False
         got = int(r.responsible.id)
         after = live_ids()
         ok = bool(after) and got in (_oracle(after, int(key)), _oracle(before, int(key)))
         w["correct" if ok else "wrong"] += 1
+        if not ok:
+            misses.append(miss("wrong", t_ask, pr, asked, key, before, got, tally))
         return ok
+
+    def miss(
+        kind: str,
+        t_ask: float,
+        pr: _Proc,
+        asked: int,
+        key: NodeId,
+        before: list[int],
+        got: int | None,
+        tally: dict[str, int] | None,
+    ) -> dict[str, Any]:
+        """What a lookup that failed was, for tracing it: when (and how long after the last
+        kill) it was asked, of which node, whether that node's process still ran when the
+        failure was seen, and the oracle's root before and after."""
+        after = live_ids()
+        last_kill = kill_times[-1] if kill_times else None
+        t = t_ask - t_start
+        return {
+            "kind": kind,
+            "final_check": tally is not None,
+            "asked_at_s": round(t, 2),
+            "after_kill_s": None if last_kill is None else round(t - last_kill, 2),
+            "asked": f"{asked:040x}",
+            "asked_slot": pr.slot,
+            "asked_still_running": pr.running and any(i == asked for i, _ in pr.nodes),
+            "key": f"{int(key):040x}",
+            "root_before": f"{_oracle(before, int(key)):040x}" if before else None,
+            "root_after": f"{_oracle(after, int(key)):040x}" if after else None,
+            "got": None if got is None else f"{got:040x}",
+        }
 
     async def lookups(c: ControlClient, until: float) -> None:
         async with trio.open_nursery() as n:
@@ -157,6 +195,7 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             victim.p.send_signal(signal.SIGKILL)
             await trio.to_thread.run_sync(victim.p.wait)
             t_kill = time.monotonic() - t_start
+            kill_times.append(t_kill)
             await trio.sleep(args.down_s)
             others = [pr for pr in procs if pr.running and pr is not victim]
             seed = rng.choice(rng.choice(others).nodes)[1]
@@ -198,6 +237,7 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
         "success_fraction": bench.r(correct / asked, 4) if asked else None,
         "kills": len(kills),
         "kill_log": kills,
+        "misses": misses,
         "windows": windows,
         **final,
     }
