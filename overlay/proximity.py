@@ -104,6 +104,19 @@ class ProximityConfig:
     #: at half the first sample, so a peer sampled once has an RTO of three RTTs, and a
     #: message waiting on a crashed root waited three such RTOs for the verdict. 0 = the RTO.
     retransmit_srtt_factor: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    #: once this node has taken this many RTT samples, a peer it has not measured yet gets,
+    #: in place of ``initial_rto_s``, the RTO that the largest sample would give as a first
+    #: sample (three times it, RFC 6298 §2.2), if that is lower; and a DEAD verdict on such a
+    #: peer still waits ``initial_rto_s`` from its first ping (``Proximity.unmeasured_rto``).
+    #: Ours: RFC 6298's 1 s suits a WAN (on the transit-stub model, RTTs 0.3-1 s, a node's
+    #: largest sample is above 0.33 s once it has joined), but live on a LAN or loopback every
+    #: hop to a never-measured leaf
+    #: member waited a second, and a lookup whose root had crashed ~4-5 s (traced, ``bench
+    #: chaos``). 0 = always ``initial_rto_s``: the default, so that the simulations keep RFC
+    #: 6298's initial RTO (a 5-minute transit-stub churn run changed course with it on, in the
+    #: few joiners whose first samples were all near); live nodes use 3
+    #: (``overlay.live.node.LIVE_NETWORK_RTO_SAMPLES``).
+    network_rto_samples: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.
     dead_memory_s: float = attrs.field(default=300.0, validator=positive)
     #: a DEAD verdict at least this old is checked again — one ping, no retransmission — when
@@ -329,6 +342,12 @@ ProbeCallback = Callable[[float | None], None]
 class Proximity:
     """Per-node table of peer RTTs and liveness; sends and answers probes through the Runtime."""
 
+    #: the largest RTT sample taken, and how many were taken (counted up to
+    #: ``network_rto_samples``): :meth:`unmeasured_rto`. Class-level until the first sample
+    #: (no attribute on a node that never measured anything: 10^6 simulated nodes)
+    _rtt_max = 0.0
+    _samples = 0
+
     def __init__(
         self,
         runtime: Runtime,
@@ -416,9 +435,24 @@ class Proximity:
         return last >= 0.0 and last >= t
 
     def rto(self, h: NodeHandle) -> float:
-        """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped)."""
+        """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped); for a peer never
+        sampled, :meth:`unmeasured_rto`."""
         r = self.peers.rows.get(h)
-        return self.peers.rto_of(r) if r is not None else self.config.initial_rto_s
+        if r is None or self.peers.cols[r * _WIDTH + _SRTT] != self.peers.cols[r * _WIDTH + _SRTT]:
+            return self.unmeasured_rto()
+        return self.peers.rto_of(r)
+
+    def unmeasured_rto(self) -> float:
+        """The RTO of a peer never sampled: ``initial_rto_s`` (RFC 6298 §2.1), or, once this
+        node has taken ``network_rto_samples`` samples, three times the largest of them (the
+        RTO it would give as a first sample, §2.2) when that is lower, never below
+        ``min_rto_s``. The peers of one node share its network: its largest RTT is the scale
+        of their RTTs, not a bound on them, so a DEAD verdict on a never-sampled peer still
+        waits the initial RTO from the first ping (:meth:`_probe_timeout`)."""
+        c = self.config
+        if not c.network_rto_samples or self._samples < c.network_rto_samples:
+            return c.initial_rto_s
+        return min(c.initial_rto_s, max(c.min_rto_s, 3.0 * self._rtt_max))
 
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
         """The liveness of every peer we hold state for."""
@@ -453,6 +487,10 @@ class Proximity:
         m = f[o + _MIN_RTT]
         if m != m or rtt_s < m:
             f[o + _MIN_RTT] = rtt_s
+        if rtt_s > self._rtt_max:
+            self._rtt_max = rtt_s
+        if self._samples < c.network_rto_samples:
+            self._samples += 1
         self._mark_alive(h, r)
 
     def heard(self, h: NodeHandle, start: bool = False) -> None:
@@ -700,6 +738,12 @@ class Proximity:
             self._bad_add(h)
         if pr.attempt < pr.retries:
             self._send_probe(h, pr.attempt + 1, pr)
+            return
+        wait = pr.started + self.config.initial_rto_s - self.runtime.now()
+        if wait > 1e-9 and t.cols[r * _WIDTH + _SRTT] != t.cols[r * _WIDTH + _SRTT]:
+            # never sampled: its pings went on the network's scale (``unmeasured_rto``), a
+            # guess; the verdict waits the initial RTO, within which any peer answers
+            pr.timer = self.runtime.call_later(wait, lambda: self._probe_timeout(h, nonce))
             return
         self._close(pr)
         self._remember_failed(pr)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -19,7 +20,7 @@ from overlay.errors import (
 )
 from overlay.identity import Identity
 from overlay.ids import NodeId
-from overlay.live.node import Endpoint, Node, ProbeError
+from overlay.live.node import LIVE_NETWORK_RTO_SAMPLES, Endpoint, Node, ProbeError
 from overlay.pastry import PastryConfig
 from overlay.testing import Swarm, open_swarm
 from transports import MemoryNetwork
@@ -57,10 +58,16 @@ async def test_swarm_joins_routes_and_probes(autojump_clock: trio.testing.MockCl
         for j in range(10):
             key = sw.random_key()
             assert (await sw.nodes[j].lookup(key)).id == sw.closest_live(key).id
-        # nodes given no config share one default (frozen) config object, equal to a new one
+        # nodes given no config share one default (frozen) config object: the overlay's own,
+        # with a live node's scaling of a never-measured peer's RTO
         cores = [n.running_core for n in sw.nodes]
-        assert all(c is not None and c.config is cores[0].config for c in cores)  # type: ignore[union-attr]
-        assert cores[0].config == PastryConfig()  # type: ignore[union-attr]
+        assert all(c is not None and c.config is cores[0].config for c in cores)  # type: ignore[union-attr,attr-defined]
+        base = PastryConfig()
+        live = attrs.evolve(
+            base,
+            proximity=attrs.evolve(base.proximity, network_rto_samples=LIVE_NETWORK_RTO_SAMPLES),
+        )
+        assert cores[0].config == live  # type: ignore[union-attr]
 
 
 async def test_leave_and_crash_are_repaired(autojump_clock: trio.testing.MockClock) -> None:

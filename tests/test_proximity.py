@@ -355,3 +355,71 @@ def test_heard_since_is_last_heard_at_or_after_a_time_and_false_without_a_hearin
         last = p.last_heard(PEER)
         assert last is not None and p.heard_since(PEER, t) == (last >= t)
     assert p.heard_since(PEER, 5.0) and not p.heard_since(PEER, 5.0001)
+
+
+OTHERS = [NodeHandle(NodeId(10 + i), f"o{i}") for i in range(3)]
+
+
+def _fast(rt: ManualRuntime, dead: list[NodeHandle]) -> Proximity:
+    """A node with the live default: three samples scale a never-sampled peer's RTO."""
+    return Proximity(rt, ME, ProximityConfig(network_rto_samples=3), on_dead=dead.append)
+
+
+def _sampled(rt: ManualRuntime, dead: list[NodeHandle]) -> Proximity:
+    p = _fast(rt, dead)
+    for h in OTHERS:
+        p.sample(h, 0.001)
+    return p
+
+
+def test_a_never_sampled_peer_gets_the_rto_of_the_largest_sample_once_there_are_enough() -> None:
+    p = _fast(ManualRuntime(seed=3), [])
+    assert p.rto(PEER) == 1.0
+    p.sample(OTHERS[0], 0.004)
+    p.sample(OTHERS[1], 0.020)
+    assert p.rto(PEER) == 1.0  # two samples: still RFC 6298's initial RTO
+    p.sample(OTHERS[2], 0.002)
+    assert p.rto(PEER) == pytest.approx(3 * 0.020)  # the largest, as a first sample
+    p.sample(OTHERS[0], 0.5)
+    assert p.rto(PEER) == 1.0  # never above the initial RTO
+    q = _sampled(ManualRuntime(seed=3), [])
+    assert q.rto(PEER) == pytest.approx(0.05)  # never below min_rto_s
+    assert q.rto(OTHERS[0]) == pytest.approx(0.05)  # a sampled peer: its own RTO
+    _, off, _ = make()  # the default: off (simulations keep RFC 6298's initial RTO)
+    for h in OTHERS:
+        off.sample(h, 0.001)
+    assert off.rto(PEER) == 1.0
+
+
+def test_a_dead_verdict_on_a_never_sampled_peer_waits_the_initial_rto() -> None:
+    """Its pings go on the network's scale (50 ms apart, doubling), but the verdict comes no
+    sooner than the initial RTO after the first ping: a guess, not a bound, kills nobody."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    p = _sampled(rt, dead)
+    p.probe(PEER)
+    rt.advance(0.05 + 0.1 + 0.2 + 0.4 + 0.01)  # every ping has timed out (0.75 s)
+    assert len([m for _, m in rt.take_sent() if isinstance(m, Ping)]) == 4
+    assert p.state(PEER) is Liveness.SUSPECTED and not dead
+    rt.advance(0.23)
+    assert not dead
+    rt.advance(0.02)  # 1.0 s after the first ping
+    assert dead == [PEER]
+
+
+def test_a_far_peer_slower_than_the_guess_is_not_declared_dead() -> None:
+    """A peer 0.9 s away, never sampled, by a node whose samples were all 1 ms: its pings time
+    out on the guess, but the pong to the first one comes within the initial RTO."""
+    rt = ManualRuntime(seed=3)
+    dead: list[NodeHandle] = []
+    p = _sampled(rt, dead)
+    got: list[float | None] = []
+    p.probe(PEER, got.append)
+    first = next(m for _, m in rt.take_sent() if isinstance(m, Ping))
+    rt.advance(0.9)
+    assert p.state(PEER) is Liveness.SUSPECTED
+    p.on_pong(PEER, Pong(first.nonce, first.sent_at))
+    assert got == [pytest.approx(0.9)] and not dead
+    assert p.state(PEER) is Liveness.ALIVE
+    rt.advance(30.0)
+    assert not dead

@@ -26,6 +26,13 @@ class Model:
     def __init__(self, cfg: ProximityConfig) -> None:
         self.cfg = cfg
         self.peers: dict[NodeHandle, dict[str, Any]] = {}
+        self.samples: list[float] = []  # every RTT sample taken, for a never-sampled peer's RTO
+
+    def unmeasured_rto(self) -> float:
+        c = self.cfg
+        if not c.network_rto_samples or len(self.samples) < c.network_rto_samples:
+            return c.initial_rto_s
+        return min(c.initial_rto_s, max(c.min_rto_s, 3 * max(self.samples)))
 
     def peer(self, h: NodeHandle) -> dict[str, Any]:
         if h not in self.peers:
@@ -50,6 +57,7 @@ class Model:
         p["rto"] = min(c.max_rto_s, max(c.min_rto_s, p["srtt"] + 4 * p["rttvar"]))
         if p["min_rtt"] is None or r < p["min_rtt"]:
             p["min_rtt"] = r
+        self.samples.append(r)
         self.alive(h, now)
 
 
@@ -70,7 +78,8 @@ def check(prox: Proximity, model: Model, now: float) -> None:
             m["dead_since"],
         )
         assert prox.state(h) is m["state"] and prox.rtt(h) == m["min_rtt"]
-        assert prox.srtt(h) == m["srtt"] and prox.rto(h) == m["rto"]
+        rto = m["rto"] if m["srtt"] is not None else model.unmeasured_rto()
+        assert prox.srtt(h) == m["srtt"] and prox.rto(h) == rto
         dead = m["state"] is Liveness.DEAD and now - m["dead_since"] <= model.cfg.dead_memory_s
         assert prox.is_dead(h) is dead
         assert (h in prox.bad) is (m["state"] in (Liveness.SUSPECTED, Liveness.DEAD))

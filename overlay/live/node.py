@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
+import attrs
 import trio
 
 from overlay.errors import (
@@ -112,6 +113,17 @@ _OVERLAYS: dict[str, tuple[str, str]] = {
     "pastry": ("overlay.pastry.core", "PastryCore"),
     "smallworld": ("overlay.smallworld.core", "SmallWorldCore"),
 }
+#: each built-in overlay's config class, for a live node's default config
+_CONFIGS: dict[str, tuple[str, str]] = {
+    "pastry": ("overlay.pastry.config", "PastryConfig"),
+    "smallworld": ("overlay.smallworld.config", "SmallWorldConfig"),
+}
+#: ``ProximityConfig.network_rto_samples`` of a live node's default config (the config's own
+#: default, 0, keeps the simulations on RFC 6298's initial RTO): a node that has measured three
+#: RTTs gives a peer it never measured the RTO of their scale, never above 1 s. Live on
+#: loopback (``bench chaos``) a hop to a never-measured leaf member waited 1 s, a lookup whose
+#: root had crashed 4-5 s, and a join asking a crashed member 15 s (docs/reliability.md)
+LIVE_NETWORK_RTO_SAMPLES = 3
 
 _SESSIONS = SessionConfig()
 #: the default config of each built-in overlay, as its first core without one made it, handed
@@ -121,6 +133,18 @@ _SESSIONS = SessionConfig()
 _DEFAULT_CONFIGS: dict[str, Any] = {}
 #: the default limits of a live node: a source is forgotten once its buckets have refilled
 _RATE_LIMITS = RateLimits(forget_idle=True)
+
+
+def _live_default_config(overlay: str) -> Any:
+    """The config a live node of a built-in overlay gets when given none: the overlay's
+    default with ``LIVE_NETWORK_RTO_SAMPLES``, made once per process and shared (frozen)."""
+    cfg = _DEFAULT_CONFIGS.get(overlay)
+    if cfg is None:
+        mod_name, cls_name = _CONFIGS[overlay]
+        base = getattr(importlib.import_module(mod_name), cls_name)()
+        prox = attrs.evolve(base.proximity, network_rto_samples=LIVE_NETWORK_RTO_SAMPLES)
+        cfg = _DEFAULT_CONFIGS[overlay] = attrs.evolve(base, proximity=prox)
+    return cfg
 
 
 class ProbeError(OverlayError):
@@ -393,15 +417,11 @@ class Node(Sender):
         args: list[Any] = [runtime, self.handle]
         if self.config is not None:
             args.append(self.config)
-        elif key is not None and key in _DEFAULT_CONFIGS:
-            args.append(_DEFAULT_CONFIGS[key])
+        elif key is not None:
+            args.append(_live_default_config(key))
         core = factory(*args, **self._core_kwargs)
         if not isinstance(core, KbrCore):
             raise ConfigError(f"overlay factory returned {type(core).__name__}, not a KbrCore")
-        if key is not None and key not in _DEFAULT_CONFIGS:
-            cfg = getattr(core, "config", None)
-            if cfg is not None:
-                _DEFAULT_CONFIGS[key] = cfg
         return core
 
     async def __aenter__(self) -> Node:

@@ -52,7 +52,6 @@ from .messages import (
     RowRequest,
     TableAnnounce,
     check_handles,
-    check_hints,
 )
 from .routing_table import RoutingTable
 from .tables import TableMaintenance
@@ -621,17 +620,13 @@ class PastryCore(KbrCore):
 
     # ------------------------------------------------------------------ leaf-set requests
     def _on_leafset_request(self, src: NodeHandle, msg: LeafSetRequest) -> None:
-        leaves = self.leaf.nodes()
         if msg.insert_me:
             self.learn_alive(src)
-            self.runtime.send(src, LeafSetReply(msg.nonce, leaves, self.hints(leaves)))
-            return
-        self.runtime.send(src, LeafSetReply(msg.nonce, leaves))
+        self.runtime.send(src, LeafSetReply(msg.nonce, self.leaf.nodes()))
 
     def _on_leafset_reply(self, src: NodeHandle, msg: LeafSetReply) -> None:
         leaves = check_handles(msg.leaves)
-        rtts = check_hints(msg.rtts, len(leaves))
-        if self.joiner.on_leafset_reply(src, msg.nonce, leaves, rtts):
+        if self.joiner.on_leafset_reply(src, msg.nonce, leaves):
             return
         self.learn_alive(src)
         self.offer_leaves(leaves)

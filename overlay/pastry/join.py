@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -148,13 +147,12 @@ class _JoinApp(BaseApplication):
 
 
 class _Ask:
-    __slots__ = ("attempt", "due", "retries", "sent_at", "timer")
+    __slots__ = ("attempt", "first_at", "sent_at", "timer")
 
     def __init__(self) -> None:
         self.attempt = 0
-        self.retries = 0  # retransmissions before the member is taken as dead
+        self.first_at = 0.0  # when the first request went
         self.sent_at = 0.0
-        self.due = 0.0  # when ``timer`` fires
         self.timer: Timer | None = None
 
 
@@ -194,9 +192,6 @@ class JoinProtocol:
         self._silent: tuple[NodeHandle, ...] = ()
         #: the routed join's resend timer (JOINING)
         self._again: Timer | None = None
-        #: PROBING: an upper bound on our RTT to members we have not measured, from the
-        #: replies of those we have (``_ask_timeout_s``); dropped when the asks end
-        self._rtt_bound: dict[NodeHandle, float] | None = None
 
     # ------------------------------------------------------------------ joiner side
     def start_join(self, seeds: Sequence[Address], on_done: Callable[[bool], None] | None) -> None:
@@ -427,93 +422,43 @@ class JoinProtocol:
         for entries, rtts in self._deferred.pop(m, ()):
             self._offer(m, entries, rtts)
 
-    def _ask_timeout_s(self, m: NodeHandle) -> float:
-        """The first timeout of our consistent-join request to ``m``: its RTO (RFC 6298) once we
-        have measured it; before that, the RTO that our bound on its RTT (``_bound_rtts``)
-        would give as a first sample — three times it, RFC 6298 §2.2 — when that is below the
-        initial RTO."""
-        prox = self.core.prox
-        rto = prox.rto(m)
-        bound = self._rtt_bound
-        b = bound.get(m) if bound is not None and prox.srtt(m) is None else None
-        if b is None:
-            return rto
-        return min(rto, max(prox.config.min_rto_s, 3.0 * b))
-
-    def _bound_rtts(self, src: NodeHandle, leaves: Handles, rtts: Hints) -> None:
-        """A member we have measured answered with its RTT to each of its leaves: by the
-        triangle inequality (which the shortest-path delays of a transit-stub network obey, and
-        the Internet's mostly) ours to each is at most ours to it plus its own. Bring forward
-        the first timeout of each request still waiting on a member so bounded.
-
-        Traced live (``bench chaos``: a process's five nodes SIGKILLed and restarted 5 s later
-        under fresh ids) and simulated with loopback delays: the roots of the restarted nodes
-        still listed the dead five, and each join waited out a dead member's four requests at
-        the 1-s initial RTO (15 s) while its new neighbours, which had inserted it, sent it
-        lookups it could only send back — and those timed out at their callers' 5-s limit."""
-        to_src = self.core.prox.srtt(src)
-        if to_src is None or not rtts:
-            return
-        bound = self._rtt_bound
-        if bound is None:
-            bound = self._rtt_bound = {}
-        for h, r in zip(leaves, rtts, strict=False):
-            if r > -1.0 and to_src + abs(r) < bound.get(h, math.inf):
-                bound[h] = to_src + abs(r)
-        rt = self.core.runtime
-        now = rt.now()
-        for m, ask in self._asked.items():
-            if ask.attempt or ask.timer is None or m not in bound:
-                continue
-            due = ask.sent_at + self._ask_timeout_s(m)
-            if due < ask.due:
-                ask.timer.cancel()
-                ask.due = due
-                self._arm_ask(m, ask, max(0.0, due - now))
-                self.core.stats["join_asks_hastened"] += 1
-
     def _ask(self, m: NodeHandle) -> None:
         ask = _Ask()
-        prox = self.core.prox
-        if prox.is_dead(m):
-            # Our own probes found it dead (the root, or a member, has not noticed yet): the
-            # request only rechecks that verdict, once, with no retransmission — as a DEAD
-            # verdict is rechecked (``Proximity.recheck``). Traced (see ``_bound_rtts``): the
-            # nearby-node discovery of a node restarted after a crash of five probed them all
-            # dead, then its join waited out four requests to one the root still listed.
-            ask.retries = 0
-        else:
-            ask.retries = self.core.config.join_probe_retries
         self._asked[m] = ask
+        ask.first_at = self.core.runtime.now()
         self._send_ask(m, ask)
 
     def _send_ask(self, m: NodeHandle, ask: _Ask) -> None:
         rt = self.core.runtime
         prox = self.core.prox
         ask.sent_at = rt.now()
-        timeout = min(prox.config.max_rto_s, self._ask_timeout_s(m) * (2**ask.attempt))
-        ask.due = ask.sent_at + timeout
-        self._arm_ask(m, ask, timeout)
+        timeout = min(prox.config.max_rto_s, prox.rto(m) * (2**ask.attempt))
+        ask.timer = rt.call_later(timeout, lambda: self._ask_timeout(m, ask))
         rt.send(m, LeafSetRequest(self.nonce, insert_me=True))
-
-    def _arm_ask(self, m: NodeHandle, ask: _Ask, delay_s: float) -> None:
-        ask.timer = self.core.runtime.call_later(delay_s, lambda: self._ask_timeout(m, ask))
 
     def _ask_timeout(self, m: NodeHandle, ask: _Ask) -> None:
         if self._asked.get(m) is not ask or self.core.stopped:
             return
-        if ask.attempt < ask.retries:
+        if ask.attempt < self.core.config.join_probe_retries:
             ask.attempt += 1
             self._send_ask(m, ask)
             return
+        prox = self.core.prox
+        if prox.srtt(m) is None:
+            # Never sampled: its requests went on the scale of the RTTs we have measured
+            # (``Proximity.unmeasured_rto``), a guess, not a bound. As a probe's verdict on such
+            # a peer, this one waits the initial RTO from the first request, within which any
+            # live member answers (and a pong to an earlier request still counts).
+            wait = ask.first_at + prox.config.initial_rto_s - self.core.runtime.now()
+            if wait > 1e-9:
+                ask.timer = self.core.runtime.call_later(wait, lambda: self._ask_timeout(m, ask))
+                return
         del self._asked[m]
         # → core._on_peer_dead → on_dead / on_leaf_changed; a peer already marked dead is
         # removed too (declare_dead alone would do nothing and the join would wait for it)
         self.core.drop_dead(m)
 
-    def on_leafset_reply(
-        self, src: NodeHandle, nonce: int, leaves: tuple[NodeHandle, ...], rtts: Hints = ()
-    ) -> bool:
+    def on_leafset_reply(self, src: NodeHandle, nonce: int, leaves: tuple[NodeHandle, ...]) -> bool:
         """A member answered our consistent-join request; False if this is not ours."""
         if self.state is not JoinState.PROBING or nonce != self.nonce:
             return False
@@ -525,7 +470,6 @@ class JoinProtocol:
             if ask.attempt == 0:  # Karn's rule
                 core.prox.sample(src, core.runtime.now() - ask.sent_at)
         self._confirmed.add(src)
-        self._bound_rtts(src, leaves, rtts)
         core.consider(src, probe=False)  # its RTT is known now: PNS without a probe
         rows = self._deferred.pop(src, None)
         prox = core.prox
@@ -595,7 +539,6 @@ class JoinProtocol:
         self._confirmed.clear()
         self._held.clear()
         self._deferred.clear()
-        self._rtt_bound = None
 
     def stop(self) -> None:
         """Cancel the join timer, pending leaf-set requests and nearby-node discovery."""

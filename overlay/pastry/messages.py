@@ -126,9 +126,6 @@ class LeafSetReply(Message):
 
     nonce: int
     leaves: Handles
-    #: to a joiner's consistent-join request only: our RTT to each of ``leaves`` (hints), with
-    #: which the joiner bounds its own to the members it still waits for (``join.py``)
-    rtts: Hints = ()
 
 
 @register(36)
