@@ -110,11 +110,10 @@ class ProximityConfig:
     #: peer still waits ``initial_rto_s`` from its first ping (``Proximity.unmeasured_rto``).
     #: Ours: RFC 6298's 1 s suits a WAN (on the transit-stub model, RTTs 0.3-1 s, a node's
     #: largest sample is above 0.33 s once it has joined), but live on a LAN or loopback every
-    #: hop to a never-measured leaf
-    #: member waited a second, and a lookup whose root had crashed ~4-5 s (traced, ``bench
-    #: chaos``). 0 = always ``initial_rto_s``: the default, so that the simulations keep RFC
-    #: 6298's initial RTO (a 5-minute transit-stub churn run changed course with it on, in the
-    #: few joiners whose first samples were all near); live nodes use 3
+    #: hop to a never-measured leaf member waited a second, and a lookup whose root had
+    #: crashed ~4-5 s (traced, ``bench chaos``). 0 = always ``initial_rto_s``: the default,
+    #: so that the simulations keep RFC 6298's initial RTO (a 5-minute transit-stub churn run
+    #: changed course with it on, by a cause not traced); live nodes use 3
     #: (``overlay.live.node.LIVE_NETWORK_RTO_SAMPLES``).
     network_rto_samples: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: how long a DEAD verdict is remembered, so stale gossip does not re-insert the node.

@@ -126,10 +126,10 @@ _CONFIGS: dict[str, tuple[str, str]] = {
 LIVE_NETWORK_RTO_SAMPLES = 3
 
 _SESSIONS = SessionConfig()
-#: the default config of each built-in overlay, as its first core without one made it, handed
-#: to the next such cores: a core given no config makes its own (Pastry's, with its KBR and
-#: proximity configs, is ~0.6 KiB), and every node of a process would hold an equal copy of
-#: the same frozen object
+#: the live default config of each built-in overlay (``_live_default_config``), made once and
+#: handed to every core given none: a core making its own (Pastry's, with its KBR and
+#: proximity configs, is ~0.6 KiB) would leave every node of a process an equal copy of the
+#: same frozen object
 _DEFAULT_CONFIGS: dict[str, Any] = {}
 #: the default limits of a live node: a source is forgotten once its buckets have refilled
 _RATE_LIMITS = RateLimits(forget_idle=True)
