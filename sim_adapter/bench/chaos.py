@@ -10,7 +10,10 @@ been up for ``--settle-s``) at ``--rate`` per second through the control protoco
 brute-force oracle — the node, among those of the processes running at the moment the answer
 arrives, numerically closest to the key (the one at the moment it was asked is accepted too: a
 kill between the two may move responsibility). Reported per ``--window-s``: lookups asked,
-correct, wrong, timed out.
+correct, wrong, timed out; and every lookup that timed out or was answered wrongly (``misses``:
+when, how long after the last kill, of which node and whether its process still ran, the key,
+the oracle's root before and after, the answer), with the time-outs of lookups asked of a node
+whose process was being killed counted apart too (``timeout_asked_node_killed``).
 
 After the last kill the ring is given ``--final-s`` of quiet, then checked as one ring: every
 node's status is read and each node's nearest clockwise leaf must be its true successor among
@@ -234,6 +237,13 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
         "correct": correct,
         "wrong": sum(w["wrong"] for w in windows),
         "timeout": sum(w["timeout"] for w in windows),
+        # of those, lookups asked of a node whose process was killed before it could answer
+        # (counted in ``timeout`` all the same: the caller saw no answer)
+        "timeout_asked_node_killed": sum(
+            1
+            for m in misses
+            if m["kind"] == "timeout" and not m["final_check"] and not m["asked_still_running"]
+        ),
         "success_fraction": bench.r(correct / asked, 4) if asked else None,
         "kills": len(kills),
         "kill_log": kills,
