@@ -231,6 +231,11 @@ class PeerTable:
         #: (initial, min, max) RTO in seconds
         self._rto = (initial_rto_s, min_rto_s, max_rto_s)
 
+    def sampled(self, row: int) -> bool:
+        """Whether the peer in ``row`` has an RTT sample (its SRTT is not NaN)."""
+        v = self.cols[row * _WIDTH + _SRTT]
+        return v == v
+
     def rto_of(self, row: int) -> float:
         """The RTO of the peer in ``row``: the initial RTO before any sample, else
         SRTT + 4 RTTVAR clamped to [min, max] (RFC 6298 §2.2-2.3)."""
@@ -437,9 +442,20 @@ class Proximity:
         """Retransmission timeout for ``h`` in seconds (RFC 6298, clamped); for a peer never
         sampled, :meth:`unmeasured_rto`."""
         r = self.peers.rows.get(h)
-        if r is None or self.peers.cols[r * _WIDTH + _SRTT] != self.peers.cols[r * _WIDTH + _SRTT]:
+        if r is None or not self.peers.sampled(r):
             return self.unmeasured_rto()
         return self.peers.rto_of(r)
+
+    def verdict_wait(self, h: NodeHandle, since: float) -> float:
+        """Seconds still to wait before declaring ``h`` dead when the first of the pings (or
+        requests) it has not answered went at ``since``: none once ``h`` has been sampled
+        (its timeouts came from its own RTO); else until the initial RTO has passed since
+        then, as those timeouts came from :meth:`unmeasured_rto`, a guess from other peers,
+        not a bound. The probes here and a Pastry joiner's requests to its members use it."""
+        r = self.peers.rows.get(h)
+        if r is not None and self.peers.sampled(r):
+            return 0.0
+        return max(0.0, since + self.config.initial_rto_s - self.runtime.now())
 
     def unmeasured_rto(self) -> float:
         """The RTO of a peer never sampled: ``initial_rto_s`` (RFC 6298 §2.1), or, once this
@@ -738,10 +754,10 @@ class Proximity:
         if pr.attempt < pr.retries:
             self._send_probe(h, pr.attempt + 1, pr)
             return
-        wait = pr.started + self.config.initial_rto_s - self.runtime.now()
-        if wait > 1e-9 and t.cols[r * _WIDTH + _SRTT] != t.cols[r * _WIDTH + _SRTT]:
-            # never sampled: its pings went on the network's scale (``unmeasured_rto``), a
-            # guess; the verdict waits the initial RTO, within which any peer answers
+        wait = self.verdict_wait(h, pr.started)
+        if wait > 1e-9:
+            # never sampled: its pings went on the network's scale, a guess; the verdict
+            # waits the initial RTO, within which any peer answers
             pr.timer = self.runtime.call_later(wait, lambda: self._probe_timeout(h, nonce))
             return
         self._close(pr)

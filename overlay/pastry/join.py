@@ -443,16 +443,13 @@ class JoinProtocol:
             ask.attempt += 1
             self._send_ask(m, ask)
             return
-        prox = self.core.prox
-        if prox.srtt(m) is None:
-            # Never sampled: its requests went on the scale of the RTTs we have measured
-            # (``Proximity.unmeasured_rto``), a guess, not a bound. As a probe's verdict on such
-            # a peer, this one waits the initial RTO from the first request, within which any
-            # live member answers (and a pong to an earlier request still counts).
-            wait = ask.first_at + prox.config.initial_rto_s - self.core.runtime.now()
-            if wait > 1e-9:
-                ask.timer = self.core.runtime.call_later(wait, lambda: self._ask_timeout(m, ask))
-                return
+        # a member never sampled was asked on the scale of the RTTs we have measured: as a
+        # probe's verdict on such a peer, the drop waits the initial RTO from the first
+        # request, within which any live member answers (``Proximity.verdict_wait``)
+        wait = self.core.prox.verdict_wait(m, ask.first_at)
+        if wait > 1e-9:
+            ask.timer = self.core.runtime.call_later(wait, lambda: self._ask_timeout(m, ask))
+            return
         del self._asked[m]
         # → core._on_peer_dead → on_dead / on_leaf_changed; a peer already marked dead is
         # removed too (declare_dead alone would do nothing and the join would wait for it)
