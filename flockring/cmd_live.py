@@ -2,7 +2,8 @@
 
 Theory of operation: ``node`` runs one or more :class:`overlay.Node` objects in this process on
 UDP (or TCP) sockets, joins them through the given seeds (or starts a ring), prints one
-machine-readable ``NODE <id> <address>`` line per joined node and then a status table that it
+machine-readable ``JOINING <id> <address>`` line as each node starts its join and ``NODE <id>
+<address>`` once it has joined, and then a status table that it
 refreshes. ``status`` and ``route`` are clients: they bind an ephemeral port, speak the node's
 read-only control protocol (``overlay.live.node.ControlClient``: signed ``StatusRequest`` /
 ``LookupRequest`` datagrams) and print the answer. ``demo`` starts three ``flockring node``
@@ -121,6 +122,9 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
             for i in range(count):
                 node = await nursery.start(host, i)
                 nodes.append(node)
+                # announced before the join: a tool reading the lines knows the node exists
+                # (and may answer lookups) before its NODE line says the join has ended
+                print(f"JOINING {node.id} {node.address}", file=out, flush=True)
                 await node.join(seeds if (seeds or i == 0) else [nodes[0].address])
                 plugins = node_plugins.attach(args, node, i)
                 if plugins is not None and plugins.flock is not None and args.pool == "condor":

@@ -9,10 +9,16 @@ been up for ``--settle-s``) at ``--rate`` per second through the control protoco
 (``ControlClient.lookup``, what ``flockring route`` does). Each answer is checked against the
 brute-force oracle — the node, among those of the processes running at the moment the answer
 arrives, numerically closest to the key (the one at the moment it was asked is accepted too: a
-kill between the two may move responsibility). Reported per ``--window-s``: lookups asked,
+kill between the two may move responsibility). A process prints ``JOINING <id>`` as each node
+starts its join and ``NODE <id>`` once it has joined; a node counts from its NODE line. A node
+delivers what reached it while joining right as its join ends, before it prints that line, so
+an answer from a node whose line has not come yet waits up to ``_READY_GRACE_S`` for it and is
+then judged with the node counted (``correct_answered_as_join_ended``; logged in ``misses``
+as ``answered_as_join_ended`` either way). Reported per ``--window-s``: lookups asked,
 correct, wrong, timed out; and every lookup that timed out or was answered wrongly (``misses``:
 when, how long after the last kill, of which node and whether its process still ran, the key,
-the oracle's root before and after, the answer), with the time-outs of lookups asked of a node
+the oracle's root before and after, the answer and, for a wrong one, when the answering node's
+join started and ended), with the time-outs of lookups asked of a node
 whose process was being killed counted apart too (``timeout_asked_node_killed``).
 
 After the last kill the ring is given ``--final-s`` of quiet, then checked as one ring: every
@@ -67,11 +73,19 @@ def _spawn(args: argparse.Namespace, join: str | None) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _read_nodes(p: subprocess.Popen[str], k: int, out: list[tuple[int, str]]) -> None:
+def _read_nodes(
+    p: subprocess.Popen[str],
+    k: int,
+    out: list[tuple[int, str]],
+    seen: dict[int, dict[str, float]],
+    slot: int,
+) -> None:
     """Append to ``out`` each node the process reports, as it reports it (a node is reported
     once its join has completed), until ``k`` are in. Runs in a worker thread; ``out`` is the
     list the oracle reads, so each node counts from the moment it is ready, as the simulated
-    churn bench counts a node live once its join completes (MSPastry's active nodes)."""
+    churn bench counts a node live once its join completes (MSPastry's active nodes). ``seen``
+    records, by id, the process slot and when the node's ``JOINING`` and ``NODE`` lines were
+    read (monotonic clock): what a wrong answer from a node not yet in the oracle is traced by."""
     assert p.stdout is not None
     while len(out) < k:
         line = p.stdout.readline()
@@ -79,8 +93,16 @@ def _read_nodes(p: subprocess.Popen[str], k: int, out: list[tuple[int, str]]) ->
             err = p.stderr.read() if p.stderr is not None else ""
             raise ConfigError(f"a node process exited: {err.strip().splitlines()[-1:]}")
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "NODE":
-            out.append((int(NodeId.from_hex(parts[1])), parts[2]))
+        if len(parts) == 3 and parts[0] in ("JOINING", "NODE"):
+            i = int(NodeId.from_hex(parts[1]))
+            seen.setdefault(i, {"slot": slot})[parts[0]] = time.monotonic()
+            if parts[0] == "NODE":
+                out.append((i, parts[2]))
+
+
+#: how long an answer from a node still joining waits for that node's NODE line (see
+#: ``one_lookup``): the line follows the join's end within milliseconds on an idle machine
+_READY_GRACE_S = 0.5
 
 
 def _oracle(ids: list[int], key: int) -> int:
@@ -102,6 +124,7 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
     #: every lookup that timed out or was answered wrongly (``miss``), in the order seen
     misses: list[dict[str, Any]] = []
     kill_times: list[float] = []  # at the kill (``kills`` is appended after the restart)
+    seen: dict[int, dict[str, float]] = {}  # every node reported: see ``_read_nodes``
     t_start = time.monotonic()
 
     def live_ids() -> list[int]:
@@ -114,7 +137,9 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
         pr.up_since = math.inf
         pr.nodes = []
         pr.p = await trio.to_thread.run_sync(_spawn, args, join)
-        await trio.to_thread.run_sync(_read_nodes, pr.p, args.nodes_per_process, pr.nodes)
+        await trio.to_thread.run_sync(
+            _read_nodes, pr.p, args.nodes_per_process, pr.nodes, seen, pr.slot
+        )
         pr.up_since = time.monotonic()
 
     def window() -> dict[str, int]:
@@ -142,11 +167,28 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             misses.append(miss("timeout", t_ask, pr, asked, key, before, None, tally))
             return False
         got = int(r.responsible.id)
+        t_answer = time.monotonic()
         after = live_ids()
         ok = bool(after) and got in (_oracle(after, int(key)), _oracle(before, int(key)))
+        kind = "wrong"
+        if not ok and "JOINING" in seen.get(got, {}) and "NODE" not in seen[got]:
+            # The answer came from a node whose join was under way when its lines were last
+            # read. A node becomes active in its process (the join's callback) before it
+            # delivers what reached it while linking, and prints its NODE line only after:
+            # the answer can overtake the line. Wait a moment for the line, then judge with
+            # the node counted if it came (still wrong if it did not, or another is closer).
+            until = t_answer + _READY_GRACE_S
+            while "NODE" not in seen[got] and time.monotonic() < until:
+                await trio.sleep(0.005)
+            if "NODE" in seen[got]:
+                kind = "answered_as_join_ended"
+                ok = got == _oracle(live_ids(), int(key))
         w["correct" if ok else "wrong"] += 1
-        if not ok:
-            misses.append(miss("wrong", t_ask, pr, asked, key, before, got, tally))
+        if not ok or kind != "wrong":
+            m = miss(kind, t_ask, pr, asked, key, before, got, tally)
+            m["answered_at_s"] = round(t_answer - t_start, 3)
+            m["correct"] = ok
+            misses.append(m)
         return ok
 
     def miss(
@@ -177,7 +219,14 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             "root_before": f"{_oracle(before, int(key)):040x}" if before else None,
             "root_after": f"{_oracle(after, int(key)):040x}" if after else None,
             "got": None if got is None else f"{got:040x}",
+            **({} if got is None else answerer(got)),
         }
+
+    def answerer(got: int) -> dict[str, Any]:
+        """Where the answering node was when the answer was checked: its process slot and
+        whether the oracle counted it (when its ``JOINING`` and ``NODE`` lines came is filled
+        in at the end of the run, :func:`_when_joined`)."""
+        return {"got_slot": seen.get(got, {}).get("slot"), "got_in_oracle": got in live_ids()}
 
     async def lookups(c: ControlClient, until: float) -> None:
         async with trio.open_nursery() as n:
@@ -203,9 +252,15 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             others = [pr for pr in procs if pr.running and pr is not victim]
             seed = rng.choice(rng.choice(others).nodes)[1]
             victim.restarts += 1
+            t_restart = time.monotonic() - t_start
             await start(victim, seed)
             kills.append(
-                {"slot": victim.slot, "killed_at_s": round(t_kill, 1), "rejoined_via": seed}
+                {
+                    "slot": victim.slot,
+                    "killed_at_s": round(t_kill, 1),
+                    "restarted_at_s": round(t_restart, 1),
+                    "rejoined_via": seed,
+                }
             )
 
     try:
@@ -244,12 +299,33 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             for m in misses
             if m["kind"] == "timeout" and not m["final_check"] and not m["asked_still_running"]
         ),
+        # of ``correct``: answers from a node whose NODE line came only after its answer
+        # (within ``_READY_GRACE_S``), by then the node closest to the key
+        "correct_answered_as_join_ended": sum(
+            1
+            for m in misses
+            if m["kind"] == "answered_as_join_ended" and m["correct"] and not m["final_check"]
+        ),
         "success_fraction": bench.r(correct / asked, 4) if asked else None,
         "kills": len(kills),
         "kill_log": kills,
-        "misses": misses,
+        "misses": [_when_joined(m, seen, t_start) for m in misses],
         "windows": windows,
         **final,
+    }
+
+
+def _when_joined(m: dict[str, Any], seen: dict[int, dict[str, float]], t0: float) -> dict[str, Any]:
+    """``m`` with, for a wrong answer, when the answering node's ``JOINING`` and ``NODE``
+    lines were read (seconds into the run; None: never) — read at the end of the run, so a
+    line that came after the answer is there too."""
+    if m.get("got") is None:
+        return m
+    rec = seen.get(int(m["got"], 16), {})
+    return {
+        **m,
+        "got_joining_at_s": round(rec["JOINING"] - t0, 3) if "JOINING" in rec else None,
+        "got_ready_at_s": round(rec["NODE"] - t0, 3) if "NODE" in rec else None,
     }
 
 
