@@ -467,7 +467,14 @@ class Proximity:
         c = self.config
         if not c.network_rto_samples or self._samples < c.network_rto_samples:
             return c.initial_rto_s
-        return min(c.initial_rto_s, max(c.min_rto_s, 3.0 * self._rtt_max))
+        return self.rto_on_scale(self._rtt_max)
+
+    def rto_on_scale(self, rtt_max_s: float) -> float:
+        """The RTO for a peer never sampled on a network whose largest RTT seen is
+        ``rtt_max_s``: what that RTT would give as a first sample (3x, RFC 6298 §2.2), within
+        ``[min_rto_s, initial_rto_s]`` (:meth:`unmeasured_rto`)."""
+        c = self.config
+        return min(c.initial_rto_s, max(c.min_rto_s, 3.0 * rtt_max_s))
 
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
         """The liveness of every peer we hold state for."""

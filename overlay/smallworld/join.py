@@ -19,7 +19,9 @@ Theory of operation (PonD §2.2; Brunet's leaf → structured connection bootstr
 * The joiner links to every candidate that fits its near window (``Link``; the far end adds
   the joiner and trims whoever the joiner pushed out of its own window) and becomes ready once
   they all acknowledged, or after ``join_link_timeout_s`` if at least one did (silent
-  candidates are suspected and probed; maintenance replaces them). If *none* acknowledged —
+  candidates are suspected and probed; maintenance replaces them) — on a node that scales its
+  RTOs to the network, after three RTOs on the scale of the acks that came, never less than the
+  initial RTO (``_scale_link_wait``). If *none* acknowledged —
   the candidates cannot reach us, as when we advertise an address that is not ours — the
   attempt failed: the silent candidates are dropped and the next seed is asked; when the
   retries are exhausted the join fails. A node with no link to show for it is not part of the
@@ -151,6 +153,9 @@ def on_reply(
         else:
             _attempt_failed(core, token)
         return
+    st.linked_at = core.runtime.now()
+    st.link_deadline = st.linked_at + core.config.join_link_timeout_s
+    st.ack_rtt_max = 0.0
     st.timer = core.runtime.call_later(
         core.config.join_link_timeout_s, lambda: _link_timeout(core, token)
     )
@@ -159,11 +164,46 @@ def on_reply(
 def on_link_ack(core: SmallWorldHost, src: NodeHandle, token: int) -> None:
     """A near candidate acknowledged our link; the join ends when all have."""
     st = core.join_state
-    if st is None or not st.linking or token != st.token:
+    if st is None or not st.linking or token != st.token or src not in st.pending:
         return
     st.pending.discard(src)
     if not st.pending:
         _finish(core, True)
+        return
+    _scale_link_wait(core, st)
+
+
+def _scale_link_wait(core: SmallWorldHost, st: JoinState) -> None:
+    """Shorten the wait for the candidates still silent to the network's scale, where the
+    node scales its RTOs to the network (``ProximityConfig.network_rto_samples`` > 0: live
+    nodes; off in the simulations' default).
+
+    Traced live (``bench chaos``): the JOIN reply of a node restarted after a kill named
+    nodes of the killed process, dead but not yet detected, and each such join waited the
+    whole ``join_link_timeout_s`` (3 s) on loopback while the live neighbours, which had
+    linked the joiner, sent it lookups it could only hold. The acks that came are round trips
+    of this join: the wait, three initial RTOs by default, becomes three RTOs on their scale
+    (:meth:`Proximity.rto_on_scale`, the rule of :meth:`Proximity.unmeasured_rto`) — but never
+    less than the initial RTO from the Links. The silent candidates were never measured, and
+    a far live one must not be passed over for a guess from the others
+    (``Proximity.verdict_wait``'s rule); that floor, not the number of acks, is what guards
+    them, so one ack sets the scale. Passed over, a silent candidate is only suspected and
+    probed, as at the full timeout (:func:`_link_timeout`)."""
+    prox = core.prox
+    if not prox.config.network_rto_samples:
+        return
+    now = core.runtime.now()
+    st.ack_rtt_max = max(st.ack_rtt_max, now - st.linked_at)
+    wait = max(prox.config.initial_rto_s, 3.0 * prox.rto_on_scale(st.ack_rtt_max))
+    deadline = st.linked_at + min(core.config.join_link_timeout_s, wait)
+    if deadline >= st.link_deadline:
+        return
+    st.link_deadline = deadline
+    if st.timer is not None:
+        st.timer.cancel()
+    token = st.token
+    core.stats["join_link_wait_scaled"] += 1
+    st.timer = core.runtime.call_later(deadline - now, lambda: _link_timeout(core, token))
 
 
 def _found_by_ring(core: SmallWorldHost) -> bool:
@@ -186,6 +226,7 @@ def _link_timeout(core: SmallWorldHost, token: int) -> None:
     st = core.join_state
     if st is None or st.token != token or core.stopped:
         return
+    core.stats["join_link_timeouts"] += 1
     if not _linked(core, st):
         _attempt_failed(core, token)
         return

@@ -36,9 +36,12 @@ class JoinState:
     """Progress of one join (allocated only while joining)."""
 
     __slots__ = (
+        "ack_rtt_max",
         "attempt",
         "held",
         "inherit",
+        "link_deadline",
+        "linked_at",
         "linking",
         "offset",
         "on_done",
@@ -67,6 +70,11 @@ class JoinState:
         self.held: list[tuple[NodeHandle, RouteMsg]] | None = None
         #: the JOIN responder's own shortcuts, offered a Link once we are ready (offers.py)
         self.inherit: tuple[NodeHandle, ...] = ()
+        #: when this attempt's Links went, when its wait for their acks ends, and the largest
+        #: round trip of the acks that came (the link wait's scale, join.py)
+        self.linked_at = 0.0
+        self.link_deadline = 0.0
+        self.ack_rtt_max = 0.0
 
 
 class SmallWorldHost(Protocol):

@@ -260,6 +260,12 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
                     "killed_at_s": round(t_kill, 1),
                     "restarted_at_s": round(t_restart, 1),
                     "rejoined_via": seed,
+                    # each restarted node's join, from its JOINING line to its NODE line
+                    "joins_s": [
+                        round(seen[i]["NODE"] - seen[i]["JOINING"], 3)
+                        for i, _ in victim.nodes
+                        if "JOINING" in seen.get(i, {})
+                    ],
                 }
             )
 

@@ -1,0 +1,143 @@
+"""A small-world node joining right after a crash of several nodes its neighbours still list.
+
+Traced live (``flockring bench chaos``: a process's five nodes SIGKILLed, restarted 5 s later
+under fresh ids): the JOIN reply named nodes of the killed process, dead but not yet detected,
+and the joiner waited the whole 3-s link timeout for their acknowledgements while its live
+neighbours, which had linked it, sent it lookups it could only hold. Where the node scales its
+RTOs to the network (live nodes), the acks that came set the scale of that wait, never below
+the initial RTO from the Links (``overlay/smallworld/join.py``, ``_scale_link_wait``). The
+oracle, by brute force over the live nodes: once ready, the joiner's nearest live connection
+on each side is the nearest live node there, and a candidate 0.9 s away that it never measured
+is linked, not passed over.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from overlay.handle import NodeHandle
+from overlay.ids import NodeId
+from overlay.live.node import LIVE_NETWORK_RTO_SAMPLES
+from overlay.smallworld.config import SmallWorldConfig
+from overlay.smallworld.core import SmallWorldCore
+from sim_adapter import Network
+from sim_adapter.latency import Uniform
+from sim_adapter.simnode import SimNode
+
+_BASE = SmallWorldConfig()
+#: what a live node runs with (``overlay.live.node.LIVE_NETWORK_RTO_SAMPLES``)
+LIVE = attrs.evolve(
+    _BASE, proximity=attrs.evolve(_BASE.proximity, network_rto_samples=LIVE_NETWORK_RTO_SAMPLES)
+)
+
+
+def _sw(n: SimNode) -> SmallWorldCore:
+    core = n.core
+    assert isinstance(core, SmallWorldCore)
+    return core
+
+
+def _join(
+    net: Network, config: SmallWorldConfig, node_id: NodeId | None = None
+) -> tuple[SimNode, float]:
+    """Join a new node; returns it and how long its join took (virtual seconds)."""
+    x = net._new_node("smallworld", config, node_id)
+    t0 = net.engine.now
+    net._join_one(x, 300.0)
+    assert _sw(x).ready
+    return x, net.engine.now - t0
+
+
+def _live_handles(x: SimNode, nodes: list[SimNode]) -> list[NodeHandle]:
+    return [n.core.handle for n in nodes if n.alive and n is not x]
+
+
+def _unsuspected_near(x: SimNode) -> list[NodeHandle]:
+    core = _sw(x)
+    bad = core.prox.bad
+    return [h for h in core.table.near_nodes() if h not in bad]
+
+
+def _nearest_live_both_sides(x: SimNode, nodes: list[SimNode]) -> bool:
+    """True if the joiner's nearest connection on each side that it does not suspect is the
+    nearest live node on that side (brute force over the live nodes): what delivering right
+    needs."""
+    me = int(_sw(x).id)
+    ring = 1 << 160
+    live = _live_handles(x, nodes)
+    linked = _unsuspected_near(x)
+    if not linked:
+        return False
+    for side in (1, -1):
+
+        def dist(h: NodeHandle, side: int = side) -> int:
+            return (side * (int(h.id) - me)) % ring
+
+        if min(linked, key=dist) != min(live, key=dist):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("scaled", [True, False], ids=["live", "simulation-default"])
+@pytest.mark.parametrize("seed", [1, 2, 5, 10])
+def test_joins_after_a_crash_of_five_wait_for_the_dead_on_the_network_scale(
+    seed: int, scaled: bool
+) -> None:
+    # 20 nodes with loopback-like delays, settled; five crashed at once, 5 s ago; five join.
+    # On these seeds a join's reply named a dead node, and the wait for its link ack took the
+    # whole 3 s (the simulations' default, still); now the initial RTO, 1 s, after the Links.
+    config = LIVE if scaled else _BASE
+    net = Network(seed=seed, latency=Uniform(0.0005, 0.002, seed=seed))
+    nodes = net.spawn(20, overlay="smallworld", config=config)
+    net.run(60.0)
+    net.crash(net.rng.sample(nodes, 5))
+    net.run(5.0)
+    waited = []
+    for _ in range(5):
+        x, took = _join(net, config)
+        nodes.append(x)
+        # every connection it counts on is live (the silent candidates are suspected)
+        assert set(_unsuspected_near(x)) <= set(_live_handles(x, nodes))
+        if _sw(x).stats["join_link_timeouts"]:
+            waited.append(took)
+    assert waited  # a reply named a dead node on each of these seeds
+    if scaled:
+        # the whole join, the routed request included: under 3 s each, 1.0 s for most
+        assert all(t < 2.9 for t in waited) and min(waited) < 1.1
+    else:
+        assert all(t >= 3.0 for t in waited)
+    net.run(30.0)
+    for n in nodes[20:]:
+        assert _nearest_live_both_sides(n, nodes)
+
+
+class _OneFar(Uniform):
+    """Loopback-like delays, but one node is 0.45 s away from every other (RTT 0.9 s)."""
+
+    def __init__(self, far: int, seed: int) -> None:
+        super().__init__(0.0005, 0.002, seed=seed)
+        self.far = far
+
+    def one_way_s(self, a: int, b: int) -> float:
+        return 0.45 if self.far in (a, b) else super().one_way_s(a, b)
+
+    def rtt_s(self, a: int, b: int) -> float:
+        return self.one_way_s(a, b) + self.one_way_s(b, a)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_far_candidate_the_joiner_never_measured_is_linked_not_passed_over(seed: int) -> None:
+    """The other candidates ack within milliseconds, which scales the wait for the rest down;
+    the one 0.9 s away acks after that scale yet within the initial RTO, which the wait never
+    goes below: it is linked and alive, not suspected."""
+    net = Network(seed=seed, latency=_OneFar(5, seed))
+    nodes = net.spawn(20, overlay="smallworld", config=LIVE)
+    net.run(30.0)
+    far = nodes[5]
+    x, _took = _join(net, LIVE, NodeId((int(far.id) + 1) % (1 << 160)))
+    core = _sw(x)
+    assert core.stats["join_link_wait_scaled"] >= 1
+    assert far.core.handle in core.table.near_nodes()
+    assert far.core.handle not in core.prox.bad  # not suspected
+    assert _nearest_live_both_sides(x, nodes)
