@@ -203,7 +203,7 @@ def _scale_link_wait(core: SmallWorldHost, st: JoinState) -> None:
         st.timer.cancel()
     token = st.token
     core.stats["join_link_wait_scaled"] += 1
-    st.timer = core.runtime.call_later(deadline - now, lambda: _link_timeout(core, token))
+    st.timer = core.runtime.call_later(max(0.0, deadline - now), lambda: _link_timeout(core, token))
 
 
 def _found_by_ring(core: SmallWorldHost) -> bool:

@@ -121,7 +121,8 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
     procs = [_Proc(i) for i in range(args.processes)]
     windows: list[dict[str, int]] = []
     kills: list[dict[str, Any]] = []
-    #: every lookup that timed out or was answered wrongly (``miss``), in the order seen
+    #: every lookup that timed out, was answered wrongly or was answered by a node as its
+    #: join ended (``miss``), in the order seen
     misses: list[dict[str, Any]] = []
     kill_times: list[float] = []  # at the kill (``kills`` is appended after the restart)
     seen: dict[int, dict[str, float]] = {}  # every node reported: see ``_read_nodes``
