@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from loopback_scenes import OneFar, loopback, nearest_each_side
 
-from overlay.handle import NodeHandle
 from overlay.ids import NodeId
 from overlay.live.node import LIVE_NETWORK_RTO_SAMPLES
 from overlay.pastry.config import PastryConfig
 from overlay.pastry.core import PastryCore
 from overlay.proximity import Liveness
 from sim_adapter import Network
-from sim_adapter.latency import Uniform
 from sim_adapter.simnode import SimNode
 
 
@@ -42,7 +41,7 @@ LIVE = attrs.evolve(
 
 def _crashed_ring(seed: int) -> tuple[Network, list[SimNode]]:
     """20 nodes with loopback-like delays, settled; then five crashed at once, 5 s ago."""
-    net = Network(seed=seed, latency=Uniform(0.0005, 0.002, seed=seed))
+    net = Network(seed=seed, latency=loopback(seed))
     nodes = net.spawn(20, overlay="pastry", config=LIVE)
     net.run(60.0)
     dead = net.rng.sample(nodes, 5)
@@ -63,20 +62,9 @@ def _consistent(x: SimNode, nodes: list[SimNode]) -> bool:
     the nearest live node there (brute force over the live nodes): what delivering right
     needs. Farther members may still be missing — the members' own lists named the dead when
     they answered — and come with maintenance (:func:`_complete`, 30 s later)."""
-    me = int(x.core.id)
-    ring = 1 << 160
     live = [n.core.handle for n in nodes if n.alive and n is not x]
     members = set(_pc(x).leaf.members)
-    if not members <= set(live):
-        return False
-    for side in (1, -1):
-
-        def dist(h: NodeHandle, side: int = side) -> int:
-            return (side * (int(h.id) - me)) % ring
-
-        if min(members, key=dist) != min(live, key=dist):
-            return False
-    return True
+    return members <= set(live) and nearest_each_side(int(x.core.id), members, live)
 
 
 def _complete(x: SimNode, nodes: list[SimNode]) -> bool:
@@ -100,27 +88,13 @@ def test_the_first_join_after_a_crash_of_five_confirms_its_live_members_at_once(
     assert _complete(x, nodes)
 
 
-class _OneFar(Uniform):
-    """Loopback-like delays, but one node is 0.45 s away from every other (RTT 0.9 s)."""
-
-    def __init__(self, far: int, seed: int) -> None:
-        super().__init__(0.0005, 0.002, seed=seed)
-        self.far = far
-
-    def one_way_s(self, a: int, b: int) -> float:
-        return 0.45 if self.far in (a, b) else super().one_way_s(a, b)
-
-    def rtt_s(self, a: int, b: int) -> float:
-        return self.one_way_s(a, b) + self.one_way_s(b, a)
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_far_member_the_joiner_never_measured_is_not_dropped(seed: int) -> None:
     """The joiner's discovery measured only nodes a millisecond away, so its requests to a
     member it never measured go on that scale (50 ms, doubling: four in 0.75 s); one 0.9 s away
     answers the first of them after they have all timed out. The request, like a probe's
     verdict, waits out the initial RTO first: the member is confirmed, not dropped."""
-    net = Network(seed=seed, latency=_OneFar(5, seed))
+    net = Network(seed=seed, latency=OneFar(5, seed))
     nodes = net.spawn(20, overlay="pastry", config=LIVE)
     net.run(30.0)
     far = nodes[5]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from loopback_scenes import OneFar, loopback, nearest_each_side
 
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
@@ -22,7 +23,6 @@ from overlay.live.node import LIVE_NETWORK_RTO_SAMPLES
 from overlay.smallworld.config import SmallWorldConfig
 from overlay.smallworld.core import SmallWorldCore
 from sim_adapter import Network
-from sim_adapter.latency import Uniform
 from sim_adapter.simnode import SimNode
 
 _BASE = SmallWorldConfig()
@@ -63,20 +63,7 @@ def _nearest_live_both_sides(x: SimNode, nodes: list[SimNode]) -> bool:
     """True if the joiner's nearest connection on each side that it does not suspect is the
     nearest live node on that side (brute force over the live nodes): what delivering right
     needs."""
-    me = int(_sw(x).id)
-    ring = 1 << 160
-    live = _live_handles(x, nodes)
-    linked = _unsuspected_near(x)
-    if not linked:
-        return False
-    for side in (1, -1):
-
-        def dist(h: NodeHandle, side: int = side) -> int:
-            return (side * (int(h.id) - me)) % ring
-
-        if min(linked, key=dist) != min(live, key=dist):
-            return False
-    return True
+    return nearest_each_side(int(_sw(x).id), _unsuspected_near(x), _live_handles(x, nodes))
 
 
 @pytest.mark.parametrize("scaled", [True, False], ids=["live", "simulation-default"])
@@ -88,7 +75,7 @@ def test_joins_after_a_crash_of_five_wait_for_the_dead_on_the_network_scale(
     # On these seeds a join's reply named a dead node, and the wait for its link ack took the
     # whole 3 s (the simulations' default, still); now the initial RTO, 1 s, after the Links.
     config = LIVE if scaled else _BASE
-    net = Network(seed=seed, latency=Uniform(0.0005, 0.002, seed=seed))
+    net = Network(seed=seed, latency=loopback(seed))
     nodes = net.spawn(20, overlay="smallworld", config=config)
     net.run(60.0)
     net.crash(net.rng.sample(nodes, 5))
@@ -112,26 +99,12 @@ def test_joins_after_a_crash_of_five_wait_for_the_dead_on_the_network_scale(
         assert _nearest_live_both_sides(n, nodes)
 
 
-class _OneFar(Uniform):
-    """Loopback-like delays, but one node is 0.45 s away from every other (RTT 0.9 s)."""
-
-    def __init__(self, far: int, seed: int) -> None:
-        super().__init__(0.0005, 0.002, seed=seed)
-        self.far = far
-
-    def one_way_s(self, a: int, b: int) -> float:
-        return 0.45 if self.far in (a, b) else super().one_way_s(a, b)
-
-    def rtt_s(self, a: int, b: int) -> float:
-        return self.one_way_s(a, b) + self.one_way_s(b, a)
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_far_candidate_the_joiner_never_measured_is_linked_not_passed_over(seed: int) -> None:
     """The other candidates ack within milliseconds, which scales the wait for the rest down;
     the one 0.9 s away acks after that scale yet within the initial RTO, which the wait never
     goes below: it is linked and alive, not suspected."""
-    net = Network(seed=seed, latency=_OneFar(5, seed))
+    net = Network(seed=seed, latency=OneFar(5, seed))
     nodes = net.spawn(20, overlay="smallworld", config=LIVE)
     net.run(30.0)
     far = nodes[5]
