@@ -478,8 +478,20 @@ class SmallWorldCore(KbrCore):
         _xch.ask_past_gap(self, int(msg.key))  # at most once per maintenance interval
         if len(held) == 1:  # one walk for the messages held together
             _mnt.walk_near(self, (side_id,), frozenset(exclude or ()))
-        self.runtime.call_later(wait, lambda: self._release_unsure(k))
+        self.runtime.call_later(self._unsure_wait(wait), lambda: self._release_unsure(k))
         return True
+
+    def _unsure_wait(self, wait: float) -> float:
+        """``unsure_root_hold_s`` (two initial RTOs: a walk's few hops on the transit-stub
+        model), on the network's scale where this node scales its RTOs to it
+        (``ProximityConfig.network_rto_samples``: live nodes): two RTOs of a never-measured
+        peer, never below the initial RTO, as a walk past the gap may cross nodes never
+        measured (the floor of ``join._scale_link_wait``). On loopback 1 s: traced there, a
+        node that had just lost its neighbour to a crash held a joiner's JOIN request 2 s."""
+        prox = self.prox
+        if not prox.config.network_rto_samples:
+            return wait
+        return min(wait, max(prox.config.initial_rto_s, 2.0 * prox.unmeasured_rto()))
 
     def _unsure_side(self, key: int, exclude: set[NodeHandle] | None) -> int | None:
         """The side of ``key`` (RIGHT / LEFT) if we cannot tell whether live nodes lie between
