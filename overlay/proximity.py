@@ -476,6 +476,19 @@ class Proximity:
         c = self.config
         return min(c.initial_rto_s, max(c.min_rto_s, 3.0 * rtt_max_s))
 
+    def wait_on_scale(self, rtos: float, rtt_max_s: float | None = None) -> float | None:
+        """``rtos`` RTOs of a never-measured peer on the network's scale — that of
+        ``rtt_max_s`` if given (round trips the caller timed itself), else of this node's
+        samples (:meth:`unmeasured_rto`) — never below ``initial_rto_s``: a wait for peers
+        never measured, whose verdict never comes sooner (:meth:`verdict_wait`). None where
+        this node does not scale its RTOs to the network (``network_rto_samples`` 0): the
+        caller keeps its own fixed wait."""
+        c = self.config
+        if not c.network_rto_samples:
+            return None
+        rto = self.unmeasured_rto() if rtt_max_s is None else self.rto_on_scale(rtt_max_s)
+        return max(c.initial_rto_s, rtos * rto)
+
     def liveness_table(self) -> dict[NodeHandle, Liveness]:
         """The liveness of every peer we hold state for."""
         st = self.peers.states

@@ -488,10 +488,8 @@ class SmallWorldCore(KbrCore):
         peer, never below the initial RTO, as a walk past the gap may cross nodes never
         measured (the floor of ``join._scale_link_wait``). On loopback 1 s: traced there, a
         node that had just lost its neighbour to a crash held a joiner's JOIN request 2 s."""
-        prox = self.prox
-        if not prox.config.network_rto_samples:
-            return wait
-        return min(wait, max(prox.config.initial_rto_s, 2.0 * prox.unmeasured_rto()))
+        scaled = self.prox.wait_on_scale(2.0)
+        return wait if scaled is None else min(wait, scaled)
 
     def _unsure_side(self, key: int, exclude: set[NodeHandle] | None) -> int | None:
         """The side of ``key`` (RIGHT / LEFT) if we cannot tell whether live nodes lie between

@@ -183,18 +183,17 @@ def _scale_link_wait(core: SmallWorldHost, st: JoinState) -> None:
     whole ``join_link_timeout_s`` (3 s) on loopback while the live neighbours, which had
     linked the joiner, sent it lookups it could only hold. The acks that came are round trips
     of this join: the wait, three initial RTOs by default, becomes three RTOs on their scale
-    (:meth:`Proximity.rto_on_scale`, the rule of :meth:`Proximity.unmeasured_rto`) — but never
-    less than the initial RTO from the Links. The silent candidates were never measured, and
+    (:meth:`Proximity.wait_on_scale`, the rule of :meth:`Proximity.unmeasured_rto`) — but
+    never less than the initial RTO from the Links. The silent candidates were never measured, and
     a far live one must not be passed over for a guess from the others
     (``Proximity.verdict_wait``'s rule); that floor, not the number of acks, is what guards
     them, so one ack sets the scale. Passed over, a silent candidate is only suspected and
     probed, as at the full timeout (:func:`_link_timeout`)."""
-    prox = core.prox
-    if not prox.config.network_rto_samples:
-        return
     now = core.runtime.now()
     st.ack_rtt_max = max(st.ack_rtt_max, now - st.linked_at)
-    wait = max(prox.config.initial_rto_s, 3.0 * prox.rto_on_scale(st.ack_rtt_max))
+    wait = core.prox.wait_on_scale(3.0, st.ack_rtt_max)
+    if wait is None:
+        return
     deadline = st.linked_at + min(core.config.join_link_timeout_s, wait)
     if deadline >= st.link_deadline:
         return

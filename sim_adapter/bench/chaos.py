@@ -220,14 +220,15 @@ async def _chaos(args: argparse.Namespace) -> dict[str, Any]:
             "root_before": f"{_oracle(before, int(key)):040x}" if before else None,
             "root_after": f"{_oracle(after, int(key)):040x}" if after else None,
             "got": None if got is None else f"{got:040x}",
-            **({} if got is None else answerer(got)),
+            # where the answering node was when the answer was checked: its process slot and
+            # whether the oracle counted it (when its JOINING and NODE lines came is filled
+            # in at the end of the run, :func:`_when_joined`)
+            **(
+                {}
+                if got is None
+                else {"got_slot": seen.get(got, {}).get("slot"), "got_in_oracle": got in after}
+            ),
         }
-
-    def answerer(got: int) -> dict[str, Any]:
-        """Where the answering node was when the answer was checked: its process slot and
-        whether the oracle counted it (when its ``JOINING`` and ``NODE`` lines came is filled
-        in at the end of the run, :func:`_when_joined`)."""
-        return {"got_slot": seen.get(got, {}).get("slot"), "got_in_oracle": got in live_ids()}
 
     async def lookups(c: ControlClient, until: float) -> None:
         async with trio.open_nursery() as n:
