@@ -39,6 +39,13 @@ BENCH_MODULES = (
 )
 
 
+def module_of(name: str) -> str | None:
+    """The module of :data:`BENCH_MODULES` whose subcommand is ``name`` (``churn-rss`` is
+    ``sim_adapter.bench.churn_rss``), or None."""
+    mod = f"{__name__}.{name.replace('-', '_')}"
+    return mod if mod in BENCH_MODULES else None
+
+
 def register_all(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the subcommand of every benchmark module in :data:`BENCH_MODULES` that exists."""
     register_modules(subparsers, BENCH_MODULES)
