@@ -72,6 +72,14 @@ from overlay.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+#: what a message handler raises for content its checks refuse (dropped as malformed: the
+#: validators raise ``ValueError``, the library's own errors derive from ``OverlayError``); any
+#: other exception is a bug the message found (``handler_errors``)
+_REFUSED = (ValueError, OverlayError)
+#: (message type, exception type) pairs already logged at WARNING, process-wide: a bug is
+#: reported once with its traceback, not once per message a peer (or an attacker) sends
+_BUGS_LOGGED: set[tuple[type, type]] = set()
+
 #: one frozenset object per distinct set of end-to-end application names, shared by every node
 #: of the process: the nodes of a simulation register the same applications, and a set per
 #: node would cost ~200 bytes each (10^6 simulated nodes)
@@ -415,9 +423,21 @@ class KbrCore(CustodyEngine, abc.ABC):
                 return
             self.prox.heard(src)
             g(src, msg)
-        except Exception:  # malformed content must never crash the node's loop
+        except _REFUSED:  # malformed content must never crash the node's loop
             self.stats["dropped_malformed"] += 1
             log.debug("dropped malformed %s from %r", t.__name__, src, exc_info=True)
+        except Exception as exc:  # nor a bug: counted apart, so that it is seen, not taken
+            # for hostile input (a bench's figures, the fuzz campaign's crash count)
+            self.stats["handler_errors"] += 1
+            first = (t, type(exc)) not in _BUGS_LOGGED
+            _BUGS_LOGGED.add((t, type(exc)))
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "handler of %s from %r raised",
+                t.__name__,
+                src,
+                exc_info=True,
+            )
 
     def stop(self) -> None:
         """Stop answering and cancel timers the base owns (subclasses extend)."""

@@ -336,6 +336,9 @@ def test_wellformed_lies_from_non_members(overlay_name: str) -> None:
     assert fid.stats["decoded"] > EVENTS  # the lies crossed the wire (besides real traffic)
     bugs = {k: n for k, n in swallowed.kinds.items() if k.startswith("BUG")}
     assert not bugs, (bugs, swallowed.kinds)
+    # the cores' own count of what raised outside their input checks agrees (KbrCore.receive)
+    known_gap = swallowed.kinds["known gap: multicast aggregator done()"]
+    assert sum(x.core.stats["handler_errors"] for x in nodes) == known_gap
     assert max(sizes) <= STATE_BOUND, sizes
     memos: Counter[str] = Counter()
     after = [_entries(v.core, set(), memos) for v in victims]
