@@ -35,6 +35,7 @@ def test_every_lookup_is_accounted_for(overlay: str) -> None:
     lost = r["source_crashed"] + r["holder_crashed"] + r["dropped"]
     assert r["lost"] == lost
     assert r["delivered"] + lost == r["launched"] and r["unaccounted"] == 0
+    assert r["handler_errors"] == 0  # no handler raised outside its input checks
     assert r["correct"] + r["incorrect"] == r["delivered"]
     assert sum(w["launched"] for w in r["windows"]) == r["launched"]
     # each window's outcomes are those of the lookups launched in it

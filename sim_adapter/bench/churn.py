@@ -183,6 +183,9 @@ class _ChurnRun:
         self.incorrect_causes: Counter[str] = Counter()
         self.by_type: dict[str, float] = {}
         self.node_stats: dict[str, float] = {}
+        #: exceptions the cores' message handlers raised outside their input checks while
+        #: measured (``KbrCore.receive``: each a bug a message found; the node went on)
+        self.handler_errors = 0
         self.active_since: dict[int, float] = {}
         self.rdp: list[float] = []
         self.latency_s: list[float] = []
@@ -538,6 +541,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cr.by_type = {k: bench.r(v / node_s, 4) for k, v in by_type.most_common() if v > 0}
         st = _node_stats(net)
         st.subtract(stats0)
+        cr.handler_errors = st["handler_errors"]
         cr.node_stats = {k: bench.r(v / node_s, 4) for k, v in st.most_common() if v > 0}
     return _report(args, net, cr, wall())
 
@@ -580,6 +584,7 @@ def _report(args: argparse.Namespace, net: Network, cr: _ChurnRun, wall_s: float
         "msgs_per_s_per_node_by_type": cr.by_type,
         "node_stats_per_s_per_node": cr.node_stats,
         "unaccounted": launched - c["delivered"] - lost,
+        "handler_errors": cr.handler_errors,
         "correct_fraction": bench.r(correct_frac, 6),
         # the same over the lookups whose source did not die holding them or waiting for the
         # answer: what the overlay itself got right (the goal is judged on correct_fraction)
