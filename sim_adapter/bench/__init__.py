@@ -16,7 +16,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +37,17 @@ BENCH_MODULES = (
     "sim_adapter.bench.flood",
     "sim_adapter.bench.fuzz",
 )
+
+
+#: a live node's counters of exceptions it counted and survived: a core's message handler
+#: raising outside its input checks (``KbrCore.receive``), the receive loop's last resort, a
+#: timer callback's — each a bug, which a bench reports rather than reads as work saved
+INTERNAL_ERROR_STATS = ("handler_errors", "node.receive_errors", "node.timer_errors")
+
+
+def internal_errors(stats: Mapping[str, int]) -> int:
+    """How many exceptions a live node counted and survived (:data:`INTERNAL_ERROR_STATS`)."""
+    return sum(int(stats.get(k, 0)) for k in INTERNAL_ERROR_STATS)
 
 
 def module_of(name: str) -> str | None:

@@ -344,12 +344,14 @@ async def _final_check(
     addrs = [a for pr in procs if pr.running for _, a in pr.nodes]
     bad_successor = 0
     unreachable = 0
+    internal = 0
     for addr in addrs:
         try:
             st = await c.status(addr, args.lookup_timeout_s)
         except Exception:
             unreachable += 1
             continue
+        internal += bench.internal_errors(dict(st.stats))
         me = int(st.handle.id)
         leaves = sorted(int(h.id) for h in st.leaf_set if int(h.id) != me)
         true_succ = ids[(ids.index(me) + 1) % len(ids)] if me in ids else None
@@ -366,6 +368,9 @@ async def _final_check(
         "final_unreachable": unreachable,
         "final_bad_successor": bad_successor,
         "one_ring": unreachable == 0 and bad_successor == 0,
+        # exceptions the nodes up at the end counted and survived (a killed process's are
+        # gone with it)
+        "final_internal_errors": internal,
         "final_lookups": tally,
     }
 

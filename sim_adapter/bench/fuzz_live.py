@@ -192,11 +192,7 @@ async def _live_campaign(inputs: int, seed: int, nseeds: int) -> dict[str, Any]:
                 if not k.startswith(("auth.", "wire.", "rate.", "transport.", "session."))
                 and ("forged" in k or "bad" in k or "unknown" in k or "invalid" in k)
             }  # fmt: skip
-    crashes = (
-        after.get("node.receive_errors", 0)
-        + after.get("node.timer_errors", 0)
-        + after.get("handler_errors", 0)
-    )
+    crashes = bench.internal_errors(after)
     return {
         "inputs": sent,
         "by_kind": {k: counts[k] for k in _LIVE_KINDS},

@@ -331,9 +331,7 @@ async def _worker(
         "rss_per_node_end_KiB": round((rss_end - rss0) / n, 1),
         # a handler or timer that raised: counted and logged by the node, which goes on — a
         # bench must show them, or a bug that silently skips work reads as a speed-up
-        "internal_errors": tot("handler_errors")
-        + tot("node.receive_errors")
-        + tot("node.timer_errors"),
+        "internal_errors": sum(bench.internal_errors(st) for st in stats),
         "dropped_forged": tot("auth.forged") + tot("session.forged"),
         "dropped_replayed": tot("auth.replayed") + tot("session.replayed"),
         "signed_frames_accepted": tot("auth.accepted"),
