@@ -86,7 +86,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     bsub = bp.add_subparsers(dest="bench", metavar="NAME")
     bsub.required = True
     one = bench.module_of(words[1]) if command == "bench" and len(words) > 1 else None
-    bench.register_modules(bsub, bench.BENCH_MODULES if one is None else (one,))
+    if one is None:
+        bench.register_all(bsub)
+    else:
+        bench.register_modules(bsub, (one,))
     return p
 
 
