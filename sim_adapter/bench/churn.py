@@ -629,12 +629,13 @@ def _plot(res: dict[str, Any], path: str) -> None:
     ws = res["windows"]
     t = [w["t_min"] for w in ws]
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(7.5, 5.5), dpi=110, sharex=True)
-    a1.plot(t, [w["control_msgs_per_s_per_node"] for w in ws], label="control traffic")
+    # markers: a run of one window (a short measured span) is one point, which a line omits
+    a1.plot(t, [w["control_msgs_per_s_per_node"] for w in ws], marker="o", label="control traffic")
     a1.axhline(GOAL_CONTROL, ls="--", c="grey", label=f"goal {GOAL_CONTROL}")
     a1.set_ylabel("msg/s per node")
     a1.legend()
     frac = [w["correct"] / w["launched"] if w["launched"] else math.nan for w in ws]
-    a2.plot(t, frac, label="correct fraction")
+    a2.plot(t, frac, marker="o", label="correct fraction")
     a2.set_ylabel("correct lookups")
     a2.set_xlabel("virtual time (min)")
     title = (
