@@ -84,6 +84,7 @@ def test_repeated_rounds_report_medians_and_the_worst_round_where_a_target_must_
     sig = res["flockring_signed"]
     assert sig["bringup_s"] == 10.0 and sig["impl"] == "x" and "bringup_gc" not in sig
     assert sig["lookup_success_rate"] == 0.99 and sig["internal_errors"] == 2  # the worst round
+    assert type(sig["internal_errors"]) is int and type(sig["bringup_s"]) is float
     assert sig["lookup_success"] == ["100/100", "99/100", "100/100"]
     # the median of the rounds' ratios (0.833, 1.273, 0.9), not the ratio of the medians
     assert res["ratios_vs_kademlia"]["bringup_s_signed"] == 0.9

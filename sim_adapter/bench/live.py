@@ -504,11 +504,13 @@ def _median_figures(docs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
             nums = [float(x) for x in vals]  # type: ignore[arg-type]
             if k in _WORST_MIN:
-                out[k] = min(nums)
+                m = min(nums)
             elif k in _WORST_MAX:
-                out[k] = max(nums)
+                m = max(nums)
             else:
-                out[k] = round(statistics.median(nums), 3)
+                m = round(statistics.median(nums), 3)
+            # counts stay integers (N, seed, failures), as in a single round's document
+            out[k] = int(m) if all(type(x) is int for x in vals) and m.is_integer() else m
         elif not isinstance(v, (dict, list)):
             out[k] = v
     if "lookup_success" in docs[0]:
