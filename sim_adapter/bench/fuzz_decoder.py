@@ -26,8 +26,9 @@ Theory of operation. Two targets, each fed ``--inputs`` inputs, every one counte
   fuzzer sends in batches and waits until the node has read each batch, so the kernel drops
   nothing unseen; the node's stats then account for every datagram
   (:func:`overlay.live.ratelimit.account`: received = delivered + consumed by the session layer +
-  dropped by reason). Crashes: exceptions that reached the node's receive loop or its timers
-  (``node.receive_errors``, ``node.timer_errors``); the node must still answer a lookup and a
+  dropped by reason). Crashes: exceptions the node counted and survived — in its receive loop,
+  its timers, or a core's handler outside its input checks
+  (:func:`sim_adapter.bench.internal_errors`); the node must still answer a lookup and a
   status request at the end.
 
 ``--engine atheris`` runs the decoder target under atheris (coverage-guided libFuzzer) instead
