@@ -1,8 +1,9 @@
-"""Pair frames (static-static X25519 + ChaCha20-Poly1305) and the shared replay table.
+"""Pair frames (static-static X25519 + a keyed-BLAKE2s tag) and the shared replay table.
 
 Oracles: the X25519 key libsodium's conversion gives must equal the public key of the private
-key derived independently from the seed; replay decisions must equal a brute-force set of every
-accepted ``(sender, seq)``; every tampered byte of a frame must be refused.
+key derived independently from the seed; a frame must equal the one built from the documented
+construction with OpenSSL's X25519 (``cryptography``); replay decisions must equal a brute-force
+set of every accepted ``(sender, seq)``; every tampered byte of a frame must be refused.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import random
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from transports import pair as pair_module
 from transports import replay
@@ -95,7 +96,8 @@ def test_a_frame_opens_once_at_its_receiver_only() -> None:
     clock = Clock()
     a, b, c = Party(1, clock), Party(2, clock), Party(3, clock)
     f = a.seal_to(b, b"hello")
-    assert is_pair_frame(f) and f[0] == PAIR and b"hello" not in f  # the body is encrypted
+    # authenticated, not encrypted: the body travels as it is, before the 16-byte tag
+    assert is_pair_frame(f) and f[0] == PAIR and f[-21:-16] == b"hello"
     o = b.verifier.open_pair(f, b.pair)
     assert o is not None and o.body == b"hello" and o.sender_hash == a.id and o.to == b.id
     assert o.sender_key == a.pub
@@ -107,7 +109,7 @@ def test_a_frame_opens_once_at_its_receiver_only() -> None:
     assert c.open(f) is None and c.verifier.counters["misdirected"] == 1
     readdressed = f[:33] + c.id + f[53:]
     assert c.open(readdressed) is None and c.verifier.counters["forged"] == 1
-    # both directions work and use different keys
+    # the other direction works too (one key per pair; the header names sender and receiver)
     g = b.seal_to(a, b"back")
     assert a.open(g) == b"back"
     assert b.verifier.counters["accepted"] == 1 and a.verifier.counters["accepted"] == 1
@@ -274,28 +276,45 @@ def test_slots_survive_turnovers_and_promotions(cache: int) -> None:
     assert b.verifier.counters["accepted"] == 300
 
 
-def test_pair_frames_are_those_the_previous_key_layout_made() -> None:
-    # a node keeps the X25519 output and derives each direction's key per frame: the frames
-    # (both directions, from the lower and the higher key) are byte for byte those of the
-    # layout that kept both derived keys, so nodes of either version understand each other
-    a, b = _key(80), _key(81)
-    pa, pb = public_bytes(a), public_bytes(b)
-    ka, kb = PairKeys(a, pa), PairKeys(b, pb)
-    ka._prefix = kb._prefix = b"\x00\x01\x02\x03"
-    assert pa < pb
-    f1 = ka.seal(pb, key_hash(pb), 12345, "udp://1:1", b"hello")
-    f2 = kb.seal(pa, key_hash(pa), 12346, "udp://1:1", b"olleh")
-    assert f1 is not None and f2 is not None
-    assert f1.hex() == (
-        "f6016b6579d22eddce29037c19efcdd88f21aa4c01b082218f37e64b2191cc248f9aeaf2108f03ebadef25e"
-        "bdda8a523e8179fa99c000102030000000000003039097564703a2f2f313a3142d5a07ddbd6d33fccb2beaf"
-        "13545bb4492ad4d73f"
-    )
-    assert f2.hex() == (
-        "f6afac851580a21cd880db8ec9ded99caca45751174492f1224ade37b50dc095fca42a842d014393cf6176a"
-        "f81440f39595ef2b54200010203000000000000303a097564703a2f2f313a318a34bbebf88e661c10fb84b3"
-        "08a7e1e742c6279c6f"
-    )
+def _frame_by_the_spec(
+    sender: Ed25519PrivateKey, receiver: Ed25519PrivateKey, seq: int, reply_to: str, body: bytes
+) -> bytes:
+    """A pair frame built from docs/security.md's construction with OpenSSL's X25519 (the
+    scalar taken from the seed independently of ``transports.pair``)."""
+    seed = sender.private_bytes_raw()
+    x = X25519PrivateKey.from_private_bytes(hashlib.sha512(seed).digest()[:32])
+    ps, pr = public_bytes(sender), public_bytes(receiver)
+    xr = X25519PublicKey.from_public_bytes(x25519_public_from_ed25519(pr) or b"")
+    lo, hi = sorted((ps, pr))
+    mac_key = hashlib.blake2s(b"flockring/pair/v2\x00" + x.exchange(xr) + lo + hi).digest()
+    addr = reply_to.encode()
+    frame = b"\xf7" + ps + key_hash(pr) + seq.to_bytes(8, "big") + bytes([len(addr)]) + addr + body
+    return frame + hashlib.blake2s(frame, key=mac_key, digest_size=16).digest()
+
+
+def test_pair_frames_are_the_documented_construction() -> None:
+    # both directions, from the lower and from the higher key, against an independent build;
+    # and each opens at its receiver
+    clock = Clock()
+    for i in range(6):
+        a, b = Party(80 + 2 * i, clock), Party(81 + 2 * i, clock)
+        for s, r in ((a, b), (b, a)):
+            body = b"body %d" % i
+            seq = s.signer.next_seq()
+            f = s.pair.seal(r.pub, r.id, seq, "udp://10.0.0.1:4000", body)
+            assert f == _frame_by_the_spec(s.key, r.key, seq, "udp://10.0.0.1:4000", body)
+            assert r.open(f) == body
+
+
+def test_a_frame_of_the_earlier_encrypted_layout_is_no_pair_frame() -> None:
+    # 0xF6 was the ChaCha20-Poly1305 layout: a node of this version does not read it as a
+    # (forged) pair frame
+    clock = Clock()
+    a, b = Party(70, clock), Party(71, clock)
+    f = a.seal_to(b, b"x")
+    old = b"\xf6" + f[1:]
+    assert not is_pair_frame(old)
+    assert b.open(old) is None and b.verifier.counters["forged"] == 0
 
 
 def test_derived_keys_of_every_node_share_one_copy_of_a_peer_key() -> None:

@@ -15,7 +15,7 @@ Theory of operation:
   RFC 4303 §3.4.3, kept for all senders in one table), so reordering is fine and every exact
   replay is refused.
 * **Pair frames** (:mod:`transports.pair`) pass the same checks (:meth:`Verifier.open_pair`),
-  with a ChaCha20-Poly1305 tag under a static-static X25519 key in place of the signature.
+  with a keyed-BLAKE2s tag under a static-static X25519 key in place of the signature.
 * **Signing off.** ``Signer(None, claimed_id=...)`` produces unsigned envelopes carrying a claimed
   20-byte id; a ``Verifier(require_signatures=True)`` (the default) drops them as ``unsigned``.
   Turning signatures off is an explicit choice on both ends (it exists for the comparison with
@@ -280,7 +280,7 @@ class Verifier:
         if head is None:
             self.counters["malformed"] += 1
             return None
-        sender, to, _, seq, reply_to, _ = head
+        sender, to, seq, reply_to, _ = head
         if to != self.own_id:
             self.counters["misdirected"] += 1
             return None

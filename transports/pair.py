@@ -5,29 +5,33 @@ Theory of operation (docs/security.md, "Pair frames"):
 * **Why.** An Ed25519 signature costs its sender one signing and every receiver one
   verification (~50 + ~150 µs through ``cryptography``), and a Pastry join exchanges only one or
   two datagrams with most of the ~100 peers it meets — too few for a Noise handshake (3
-  messages, ~460 µs) to pay. A *pair key* needs no message at all: it is NaCl's ``crypto_box``
+  messages, ~460 µs) to pay. A *pair key* needs no message at all: as NaCl's ``crypto_box``
   (Bernstein, Lange, Schwabe, "The security impact of a new cryptographic library", 2012:
-  X25519 between the two long-term keys, then an AEAD keyed by the result), with each node's
+  X25519 between the two long-term keys, then a key derived from the result), with each node's
   X25519 key being its Ed25519 identity key in Montgomery form — libsodium's
   ``crypto_sign_ed25519_pk_to_curve25519`` / ``_sk_to_curve25519``, whose joint use for
   signatures and Diffie-Hellman is analysed by Thormarker, "On using the same key pair for
   Ed25519 and an X25519 based KEM" (2021). So a sender that knows the receiver's identity key
-  (learned from any frame it verified from it, in this process) seals with one X25519 and a
-  ChaCha20-Poly1305 record; the receiver opens with one X25519 and the tag check.
-* **Keys.** ``dh = X25519(own, peer)``; one key per direction, as Noise's ``Split()``:
-  ``k_lo = BLAKE2s(key=dh, DOMAIN || lo || hi || 1)`` and ``k_hi`` likewise with ``2``, ``lo`` /
-  ``hi`` the two Ed25519 keys in byte order (keyed BLAKE2s is a PRF, RFC 7693 §2.9). A node
-  keeps ``dh`` for the peers it used in the last 0.5–1 s (two generations of 32-byte slots, not
-  OpenSSL contexts, which cost ~2.5 KiB each) and derives a direction's key per frame (one
-  BLAKE2s, ~0.7 µs): three quarters of the reuses of a key
-  come within 50 ms of its last use (a request and its reply), and the rest seconds later,
-  which a longer period would catch only at the cost of holding every key of the last seconds.
-* **Frame**: ``0xF6 | sender Ed25519 key (32) | receiver id (20) | nonce prefix (4) | seq (8) |
-  address length (1) | reply-to address | ChaCha20-Poly1305(body), tag (16)``, everything
-  before the ciphertext as associated data. The nonce is the sender's per-process random prefix
-  and its sequence number (wall-clock microseconds, strictly increasing; the same numbers the
-  replay window of :mod:`transports.auth` reads), so a key and nonce never repeat even if the
-  clock steps back across a restart (2^-32 per restart).
+  (learned from any frame it verified from it, in this process) tags a frame with one X25519
+  and one keyed BLAKE2s; the receiver checks it with one X25519 and one BLAKE2s.
+* **Key.** ``dh = X25519(own, peer)``; the pair's MAC key is ``BLAKE2s(DOMAIN || dh || lo ||
+  hi)``, ``lo`` / ``hi`` the two Ed25519 keys in byte order — a hash of the shared secret and
+  both public keys, as libsodium's ``crypto_kx`` derives its session keys from
+  ``BLAKE2b(q || client_pk || server_pk)``. A node keeps that key for the peers it used in the
+  last 0.5–1 s (two generations of 32-byte slots): three quarters of the reuses of a key come
+  within 50 ms of its last use (a request and its reply), and the rest seconds later, which a
+  longer period would catch only at the cost of holding every key of the last seconds.
+* **Frame**: ``0xF7 | sender Ed25519 key (32) | receiver id (20) | seq (8) | address length (1)
+  | reply-to address | body | tag (16)``, the tag ``BLAKE2s-128(key = MAC key, everything
+  before it)`` — keyed BLAKE2s as a MAC (RFC 7693 §2.9 and §3.3; WireGuard's ``mac1`` is the
+  same primitive). Authenticated, not encrypted, like the signed envelopes pair frames replace
+  (Noise sessions encrypt): a ChaCha20-Poly1305 record cost ~4 µs more per frame on each side
+  in a microbenchmark and ~15 µs each in a running swarm (an OpenSSL context made per frame),
+  ~15 % of a signed bring-up, for a confidentiality the overlay does not otherwise offer. The
+  header names the sender and the receiver, so a frame cannot be reflected or re-addressed;
+  ``seq`` (wall-clock microseconds, strictly increasing) is what the replay window of
+  :mod:`transports.auth` reads. The first byte was ``0xF6`` for the earlier encrypted layout:
+  a node of either layout counts the other's frames as malformed, not as forged.
 * **Process-wide tables** (public data only): the X25519 form of each Ed25519 key seen, and the
   Ed25519 key of each id whose frame some node of the process verified (an id is SHA-1 of its
   key, so an entry cannot be poisoned). Derived keys stay with the node that derived them.
@@ -36,19 +40,15 @@ Theory of operation (docs/security.md, "Pair frames"):
 from __future__ import annotations
 
 import hashlib
-import os
+import hmac
 import struct
 import time
 from collections.abc import Callable
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from nacl.bindings import crypto_scalarmult
 from nacl.exceptions import CryptoError
-
-from transports.noise import TAGLEN
 
 __all__ = [
     "PAIR",
@@ -62,11 +62,14 @@ __all__ = [
     "x25519_public_from_ed25519",
 ]
 
-#: first byte of a pair frame (envelopes start with 0x98, session frames with 0xF1–0xF5)
-PAIR = 0xF6
-_DOMAIN = b"flockring/pair/v1\x00"
-_HEAD = struct.Struct(">B32s20s4sQB")
-_HEAD_LEN = _HEAD.size  # 66
+#: first byte of a pair frame (envelopes start with 0x98, session frames with 0xF1–0xF5; 0xF6
+#: was the encrypted layout before this one)
+PAIR = 0xF7
+_DOMAIN = b"flockring/pair/v2\x00"
+_HEAD = struct.Struct(">B32s20sQB")
+_HEAD_LEN = _HEAD.size  # 62
+#: bytes of the tag (BLAKE2s-128)
+TAGLEN = 16
 #: bytes a pair frame adds to its body and reply-to address
 PAIR_OVERHEAD = _HEAD_LEN + TAGLEN
 _P = 2**255 - 19
@@ -80,10 +83,10 @@ _X: dict[bytes, tuple[bytes, bytes | None]] = {}
 #: id (SHA-1 of the key) -> Ed25519 key, for ids some node of this process verified a frame of
 _BY_ID: dict[bytes, bytes] = {}
 _TABLE_MAX = 65536
-#: ``(sender key, receiver id, nonce prefix, seq, reply_to, end of the header)``
-PairHead = tuple[bytes, bytes, bytes, int, str, int]
+#: ``(sender key, receiver id, seq, reply_to, end of the header)``
+PairHead = tuple[bytes, bytes, int, str, int]
 _X_MAX = 16384
-#: bytes of one slot of a node's slab: the X25519 output shared with one peer
+#: bytes of one slot of a node's slab: the MAC key shared with one peer
 _SLOT = 32
 
 
@@ -151,15 +154,15 @@ class PairKeys:
     X25519 (~31 µs), still a quarter of an Ed25519 verification.
 
     Memory: each generation maps a peer key (the process's one copy) to a slot of one
-    ``bytearray`` holding the 32-byte X25519 output shared with that peer, compacted to the
+    ``bytearray`` holding the 32-byte MAC key shared with that peer, compacted to the
     surviving generation at each turnover. A ``bytes`` value of both directions' keys per peer
     cost 97 bytes plus allocator rounding; a slot costs 32, and slot numbers below 257 are
     CPython's shared small ints, so no object is made per key (a joining node holds ~100).
     """
 
     __slots__ = (
-        "_cache_max", "_clock", "_ed", "_old", "_period", "_prefix", "_slab", "_turn_at", "_x",
-        "_young", "derivations",
+        "_cache_max", "_clock", "_ed", "_old", "_period", "_slab", "_turn_at", "_x", "_young",
+        "derivations",
     )  # fmt: skip
 
     def __init__(
@@ -173,8 +176,7 @@ class PairKeys:
     ) -> None:
         self._x = _x_private(key)
         self._ed = public
-        self._prefix = os.urandom(4)
-        #: peer key -> slot of ``_slab`` (the X25519 output shared with that peer at
+        #: peer key -> slot of ``_slab`` (the MAC key shared with that peer at
         #: ``_SLOT * slot``), this generation and the last
         self._young: dict[bytes, int] = {}
         self._old: dict[bytes, int] = {}
@@ -222,8 +224,8 @@ class PairKeys:
         self._turn_at = now + self._period
 
     def _keys(self, peer: bytes) -> bytes | None:
-        """The X25519 output shared with the peer whose Ed25519 key is ``peer`` (None: no usable
-        key); :meth:`_key` derives each direction's key from it."""
+        """The MAC key shared with the peer whose Ed25519 key is ``peer`` (None: no usable
+        key)."""
         now = self._clock()
         if now >= self._turn_at:
             self._turn(now)
@@ -249,7 +251,11 @@ class PairKeys:
             except CryptoError:  # small-order point: an all-zero shared secret
                 return None
             self.derivations += 1
-            k = dh
+            # the shared secret hashed with both public keys (crypto_kx's construction): a
+            # uniform key bound to this pair, whichever side computed it
+            ed = self._ed
+            lo, hi = (ed, peer) if ed < peer else (peer, ed)
+            k = hashlib.blake2s(_DOMAIN + dh + lo + hi).digest()
             if len(young) >= self._cache_max:
                 return k
             i = len(self._slab) // _SLOT
@@ -258,52 +264,36 @@ class PairKeys:
             young[peer] = i
         return k
 
-    def _key(self, peer: bytes, send: bool) -> bytes | None:
-        """The key we send to (``send``) or receive from the peer with Ed25519 key ``peer``."""
-        dh = self._keys(peer)
-        if dh is None:
-            return None
-        # one key per direction: keyed BLAKE2s (a PRF, RFC 7693 §2.9) over the domain, both keys
-        # in byte order and 1 (the lower key's sending key) or 2, as Noise's Split() derives two
-        # keys from one secret. Made per frame (~0.7 µs) so that a node keeps 32 bytes a peer.
-        ed = self._ed
-        ours_lo = ed < peer
-        lo, hi = (ed, peer) if ours_lo else (peer, ed)
-        which = b"\x01" if ours_lo == send else b"\x02"
-        return hashlib.blake2s(_DOMAIN + lo + hi + which, key=dh).digest()
-
     def seal(self, peer: bytes, to: bytes, seq: int, reply_to: str, body: bytes) -> bytes | None:
         """A pair frame carrying ``body`` to the node with Ed25519 key ``peer`` and id ``to``
         (None if ``peer`` is no usable key or the address is too long)."""
         addr = reply_to.encode()
         if len(addr) > 255:
             return None
-        k = self._key(peer, True)
+        k = self._keys(peer)
         if k is None:
             return None
-        head = _HEAD.pack(PAIR, self._ed, to, self._prefix, seq, len(addr)) + addr
-        nonce = self._prefix + seq.to_bytes(8, "big")
-        return head + ChaCha20Poly1305(k).encrypt(nonce, body, head)
+        frame = _HEAD.pack(PAIR, self._ed, to, seq, len(addr)) + addr + body
+        return frame + hashlib.blake2s(frame, key=k, digest_size=TAGLEN).digest()
 
     def open(self, head: PairHead, data: bytes) -> bytes | None:
         """The body of the frame ``data`` whose header :func:`parse_head` returned as ``head``,
         or None if its tag does not verify under our key with its sender (``forged``)."""
-        k = self._key(head[0], False)
+        k = self._keys(head[0])
         if k is None:
             return None
-        try:
-            return ChaCha20Poly1305(k).decrypt(
-                head[2] + head[3].to_bytes(8, "big"), data[head[5] :], data[: head[5]]
-            )
-        except InvalidTag:
+        signed = memoryview(data)[:-TAGLEN]
+        tag = hashlib.blake2s(signed, key=k, digest_size=TAGLEN).digest()
+        if not hmac.compare_digest(tag, data[-TAGLEN:]):
             return None
+        return data[head[4] : -TAGLEN]
 
 
 def parse_head(data: bytes) -> PairHead | None:
     """The header of a pair frame, or None if it is too short or its address is not UTF-8."""
     if len(data) < _HEAD_LEN + TAGLEN:
         return None
-    kind, sender, to, prefix, seq, alen = _HEAD.unpack_from(data)
+    kind, sender, to, seq, alen = _HEAD.unpack_from(data)
     if kind != PAIR:
         return None
     end = _HEAD_LEN + alen
@@ -313,4 +303,4 @@ def parse_head(data: bytes) -> PairHead | None:
         reply_to = data[_HEAD_LEN:end].decode()
     except UnicodeDecodeError:
         return None
-    return sender, to, prefix, seq, reply_to, end
+    return sender, to, seq, reply_to, end

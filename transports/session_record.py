@@ -149,7 +149,7 @@ class SessionConfig:
     #: records per session before it must be replaced (REKEY_AFTER_MESSAGES)
     max_messages: int = 1 << 60
     #: frames to a peer whose identity key this process has verified, with no session, go as
-    #: pair frames (static-static X25519 + ChaCha20-Poly1305, ``transports/pair.py``) instead of
+    #: pair frames (static-static X25519 + a keyed-BLAKE2s tag, ``transports/pair.py``) instead of
     #: Ed25519-signed envelopes: ~4x cheaper per datagram, no handshake (docs/security.md)
     pair_frames: bool = True
     #: derived pair keys a node keeps per generation (``transports.pair.PairKeys``: keys unused

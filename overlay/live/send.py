@@ -4,7 +4,7 @@ Theory of operation (docs/transports.md, docs/security.md; split from :mod:`over
 which inherits :class:`Sender`): a message is encoded once (``overlay/wire.py``) and sealed in
 the cheapest authenticated form the receiver is known to accept — a record of the Noise session
 held with it (``transports/session.py``), else, for the core's traffic to a member whose key
-this process verified, a pair frame (``transports/pair.py``: one X25519 and an AEAD tag), else
+this process verified, a pair frame (``transports/pair.py``: one X25519 and a BLAKE2s tag), else
 an Ed25519-signed envelope (``transports/auth.py``) — and handed to the transport's
 non-blocking ``send_nowait``. Sends never raise: an unencodable message or a bad address is
 counted. Sessions and pair keys are made on first use (most nodes of a swarm never need one).
