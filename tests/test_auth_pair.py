@@ -315,6 +315,8 @@ def test_a_frame_of_the_earlier_encrypted_layout_is_no_pair_frame() -> None:
     old = b"\xf6" + f[1:]
     assert not is_pair_frame(old)
     assert b.open(old) is None and b.verifier.counters["forged"] == 0
+    # the receive path hands a frame that is no pair frame to the envelope decoder: malformed
+    assert b.verifier.open(old) is None and b.verifier.counters["malformed"] == 2
 
 
 def test_derived_keys_of_every_node_share_one_copy_of_a_peer_key() -> None:
