@@ -27,7 +27,7 @@ Theory of operation (docs/security.md, "Pair frames"):
   same primitive). Authenticated, not encrypted, like the signed envelopes pair frames replace
   (Noise sessions encrypt): a ChaCha20-Poly1305 record cost ~4 µs more per frame on each side
   in a microbenchmark and ~15 µs each in a running swarm (an OpenSSL context made per frame),
-  ~15 % of a signed bring-up, for a confidentiality the overlay does not otherwise offer. The
+  ~12 % of a signed bring-up, for a confidentiality the overlay does not otherwise offer. The
   header names the sender and the receiver, so a frame cannot be reflected or re-addressed;
   ``seq`` (wall-clock microseconds, strictly increasing) is what the replay window of
   :mod:`transports.auth` reads. The first byte was ``0xF6`` for the earlier encrypted layout:
