@@ -13,7 +13,7 @@ import random
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from transports import pair as pair_module
 from transports import replay
@@ -279,12 +279,17 @@ def test_slots_survive_turnovers_and_promotions(cache: int) -> None:
 def _frame_by_the_spec(
     sender: Ed25519PrivateKey, receiver: Ed25519PrivateKey, seq: int, reply_to: str, body: bytes
 ) -> bytes:
-    """A pair frame built from docs/security.md's construction with OpenSSL's X25519 (the
-    scalar taken from the seed independently of ``transports.pair``)."""
-    seed = sender.private_bytes_raw()
-    x = X25519PrivateKey.from_private_bytes(hashlib.sha512(seed).digest()[:32])
+    """A pair frame built from docs/security.md's construction with OpenSSL's X25519, both
+    X25519 keys taken from the Ed25519 seeds independently of ``transports.pair``."""
+
+    def x25519(k: Ed25519PrivateKey) -> X25519PrivateKey:
+        return X25519PrivateKey.from_private_bytes(
+            hashlib.sha512(k.private_bytes_raw()).digest()[:32]
+        )
+
+    x = x25519(sender)
     ps, pr = public_bytes(sender), public_bytes(receiver)
-    xr = X25519PublicKey.from_public_bytes(x25519_public_from_ed25519(pr) or b"")
+    xr = x25519(receiver).public_key()
     lo, hi = sorted((ps, pr))
     mac_key = hashlib.blake2s(b"flockring/pair/v2\x00" + x.exchange(xr) + lo + hi).digest()
     addr = reply_to.encode()
