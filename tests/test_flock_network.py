@@ -4,8 +4,10 @@ Static rings built with ``build="oracle"`` on transit-stub latency. After one an
 every willing list must equal what a brute-force walk over every routing table (Pastry: rows)
 or connection table (small world: hop counts) says, and each sublist must be sorted by the
 latency model's RTT within the stated tolerance (more free machines first inside a bucket).
-TTL 1 runs on 1,000 nodes; TTL 2 on 300 here (a 1,000-node TTL-2 round takes ~20 s per overlay
-and runs under the ``slow`` marker).
+TTL 1 runs on 1,000 nodes; TTL 2 on 300 here, and Pastry's also on 1,000 under the ``slow``
+marker (~35 s: a third row of prefixes fills at that size). The small-world ring's TTL-2 lists
+are hop counts, which do not change with the ring's size: its 1,000-node round (~40 s) was
+dropped from the suite to keep CI's run well inside its budget.
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def test_smallworld_ttl2_sublists_are_hop_counts() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlay", ["pastry", "smallworld"])
-def test_ttl2_on_1000_nodes(overlay: str) -> None:
-    sim, nodes = _run(1000, overlay, 2)
-    _check_oracle(sim, nodes, overlay, 2)
+def test_pastry_ttl2_on_1000_nodes() -> None:
+    sim, nodes = _run(1000, "pastry", 2)
+    _check_oracle(sim, nodes, "pastry", 2)
+    # what 300 nodes do not exercise: lists with a third row's sublist are common at this size
+    # (436 of 1,000 nodes on seed 1, against 20 of 300)
+    assert sum(len(sim[x].willing_list()) >= 3 for x in nodes) > len(nodes) // 3
