@@ -29,7 +29,7 @@ on the node's overlay core (Pastry or the small-world ring):
 * **Flocking Manager** (:mod:`discovery.flock_manager`, a mixin of :class:`Flock`). Every
   ``manager_period_s``: local idle jobs exceeding free local machines ⇒ flocking on, targets =
   the willing list flattened nearest first, keeping only pools with free machines that the
-  ``flock-to`` policy and the learned blacklist admit; free machines exceeding idle jobs
+  ``flock-to`` policy and the blacklists admit; free machines exceeding idle jobs
   (underused) ⇒ off; equal ⇒ unchanged (a hysteresis band, so a full pool with an empty queue
   does not toggle HTCondor's configuration). A new :class:`~discovery.decision.FlockDecision`
   (next ``seq``) is published only when the configuration it renders (on/off and the ordered
@@ -55,6 +55,7 @@ from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
 from discovery.flock_manager import FlockingManager
 from discovery.flock_messages import (
     AnnounceSigner,
+    BlacklistShare,
     FlockAnnounce,
     KeyCache,
     sign_announce,
@@ -198,12 +199,14 @@ class Flock(FlockingManager, BaseApplication):
         self._last_public = 0
         self._probing: set[NodeId] | None = None  # allocated while probes are in flight
         self._blacklist: dict[str, float] = {}
+        self._shared: dict[NodeId, tuple[int, dict[str, float]]] = {}
         self._keys = KeyCache()
         self._timers: list[Timer | None] = [None, None]
         self._stopped = False
         if register:
             core.register(FLOCK_APP, self)
             core.add_handler(FlockAnnounce, self._on_announce)
+            core.add_handler(BlacklistShare, self._on_blacklist_share)
 
     # ------------------------------------------------------------------ control
     def set_policy(self, policy: Policy) -> None:
@@ -255,6 +258,9 @@ class Flock(FlockingManager, BaseApplication):
         if self._stopped:
             return
         self.announce_now()
+        # a non-empty blacklist goes again to the pools trusted with it each period: one that
+        # arrived since hears it, and a lost share is made good
+        self.share_blacklist_now()
         self._forget_old_origins()
         self._arm(0, self._period(self.config.announce_period_s))
 

@@ -183,7 +183,8 @@ def release_info(r: ReleaseResult) -> dict[str, Any]:
 
 
 def flock_info(flock: Flock, now_s: float, condor_fragment: str | None = None) -> dict[str, Any]:
-    """The willing list by row, the current decision, and the rendered configuration."""
+    """The willing list by row, the current decision, the rendered configuration and the
+    blacklists."""
     rows = []
     for i, sub in enumerate(flock.willing_list()):
         rows.append(
@@ -221,6 +222,12 @@ def flock_info(flock: Flock, now_s: float, condor_fragment: str | None = None) -
             "seq": d.seq,
         },
         "condor_config": condor_fragment,
+        # pool -> seconds left: our own (§3.2.1), and what trusted pools told us (with whom)
+        "blacklist": {k: round(v, 1) for k, v in flock.blacklist().items()},
+        "blacklist_learned": {
+            k: {"left_s": round(v, 1), "from": list(by)}
+            for k, (v, by) in flock.learned_blacklist().items()
+        },
         "stats": {k: int(v) for k, v in flock.stats.items()},
     }
 

@@ -11,30 +11,26 @@ queue does not toggle HTCondor's configuration). A new
 :class:`~discovery.decision.FlockDecision` (next ``seq``) is published only when the
 configuration it renders (on/off and the ordered collectors) changes.
 
-Pools that accepted our jobs and then failed or evicted them are blacklisted for the policy's
-``blacklist_s`` (§3.2.1) and skipped until then.
+Pools that accepted our jobs and then failed or evicted them, and those that trusted pools
+report, are skipped while blacklisted (§3.2.1; :mod:`discovery.flock_blacklist`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable
 
 from discovery.decision import FlockDecision, FlockTarget
+from discovery.flock_blacklist import FlockBlacklist
 from discovery.flock_config import FlockConfig, PoolView
 from discovery.policy import Peer, Policy, collector_host
-from discovery.willing import WillingEntry, WillingList
-from overlay.ids import NodeId
+from discovery.willing import WillingList
 from overlay.runtime import Runtime
 
 __all__ = ["FlockingManager"]
 
-# the flock's one logger, as before the Flocking Manager had its own module
-log = logging.getLogger("discovery.announce")
 
-
-class FlockingManager:
+class FlockingManager(FlockBlacklist):
     """The Flocking Manager half of :class:`~discovery.announce.Flock` (which sets every
     attribute declared here)."""
 
@@ -52,7 +48,6 @@ class FlockingManager:
     epoch: int
     _dseq: int
     _republish: bool
-    _blacklist: dict[str, float]
     #: the policy the precomputed flags below were derived from (see ``Flock._learn``)
     _learned: Policy | None
     #: the flock-to answer for every peer when the policy cannot tell peers apart, else None
@@ -64,37 +59,6 @@ class FlockingManager:
         self.epoch = epoch
         self._dseq = 0
         self._republish = True
-
-    def blacklist(self) -> dict[str, float]:
-        """Blacklisted pools (node-id hex or collector) → seconds they stay blacklisted."""
-        now = self.runtime.now()
-        self._blacklist = {k: t for k, t in self._blacklist.items() if t > now}
-        return {k: t - now for k, t in self._blacklist.items()}
-
-    def report_failure(self, pool: NodeId | str, reason: str = "") -> None:
-        """A pool accepted our jobs and then failed or evicted them: skip it for the policy's
-        ``blacklist_s`` (Butt et al. 2006 §3.2.1). ``pool`` is a node id or a collector."""
-        key = f"{int(pool):040x}" if isinstance(pool, NodeId) else str(pool).strip().lower()
-        self._blacklist[key] = self.runtime.now() + self.policy.sharing.blacklist_s
-        self.stats["blacklisted"] += 1
-        log.info(
-            "flock: blacklisted %s for %.0f s (%s)",
-            key,
-            self.policy.sharing.blacklist_s,
-            reason or "failure reported",
-        )
-        if self.decision is not None and self.decision.enabled:
-            self.decide_now()
-
-    def _is_blacklisted(self, e: WillingEntry, now: float) -> bool:
-        bl = self._blacklist
-        if not bl:
-            return False
-        for key in (f"{int(e.origin.id):040x}", e.collector.strip().lower()):
-            t = bl.get(key)
-            if t is not None and t > now:
-                return True
-        return False
 
     def targets(self) -> tuple[FlockTarget, ...]:
         """The ordered flock targets the willing list gives now (nearest first): pools with

@@ -1,4 +1,5 @@
-"""The flock announcement message and its origin signature (wire tags 110–129).
+"""The flock's messages — the announcement and its origin signature, the blacklist share —
+(wire tags 110–129).
 
 Theory of operation (Butt et al. 2006 §3.2.1, §3.2.2, §4.1): a pool with free machines sends
 an announcement — who it is, how to reach its collector, what it offers, how long the offer is
@@ -22,6 +23,10 @@ last forwarder):
 
 In the simulator signing may be switched off for speed (no key, empty signature); a receiver
 with ``require_signatures`` drops unsigned announcements.
+
+A :class:`BlacklistShare` goes one hop, from a pool to a pool it trusts, and is never
+forwarded: the transport's authentication of its sender is all the origin it needs (see
+:mod:`discovery.flock_blacklist`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from overlay.messages import Message, register
 __all__ = [
     "ANNOUNCE_DOMAIN",
     "AnnounceSigner",
+    "BlacklistShare",
     "FlockAnnounce",
     "IdentitySigner",
     "KeyCache",
@@ -94,6 +100,21 @@ class FlockAnnounce(Message):
     signature: bytes
     #: forwarding hops so far (0 from the origin); mutable, so not signed
     hops: int = 0
+
+
+@register(111)
+@attrs.frozen(slots=True)
+class BlacklistShare(Message):
+    """A pool's own blacklist, sent to the pools it trusts with it (Butt et al. 2006 §3.2.1:
+    pools "can dynamically learn of 'black listed' pools from other trusted pools")."""
+
+    #: ``(pool, seconds it stays blacklisted at the sender)``, the pool named as the sender's
+    #: blacklist names it: 40 hex digits of a node id, or a collector contact; first-hand
+    #: entries only (what the sender learned from others is never passed on)
+    entries: tuple[tuple[str, float], ...]
+    #: per-sender, strictly increasing (milliseconds of its clock): an older share that
+    #: arrives late never replaces a newer one
+    seq: int
 
 
 def signed_bytes(m: FlockAnnounce) -> bytes:

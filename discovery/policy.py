@@ -5,13 +5,15 @@ machines from which jobs are either permitted or denied ... explicit machine or 
 use of wild cards"; Epema et al. 1996 §3.1 resource-sharing agreements; Thain et al. 2004
 quotas):
 
-* **Actions.** Five interactions are gated: ``announce-from`` (whose announcements enter our
+* **Actions.** Seven interactions are gated: ``announce-from`` (whose announcements enter our
   willing list), ``flock-to`` (pools our jobs may be sent to), ``accept-flock-from`` (pools whose
   jobs we run — and therefore the pools we announce our free machines to), ``query-from`` and
-  ``invite-from`` (resource queries and pool-on-demand invitations). Each action has an
-  ``allow`` and a ``deny`` list of patterns and a ``default``. **Deny wins**: a peer matched by
-  any deny pattern is refused even if an allow pattern matches too; a peer matched by no pattern
-  gets the action's default.
+  ``invite-from`` (resource queries and pool-on-demand invitations), ``blacklist-from`` and
+  ``blacklist-to`` (the trusted pools whose blacklists we adopt and to which we send ours,
+  §3.2.1). Each action has an ``allow`` and a ``deny`` list of patterns and a ``default``
+  (``allow``, except for the two blacklist actions: trust is named, never assumed). **Deny
+  wins**: a peer matched by any deny pattern is refused even if an allow pattern matches too; a
+  peer matched by no pattern gets the action's default.
 * **Patterns** are shell wildcards (:mod:`fnmatch`) over one of a peer's names:
   ``id:HEX`` (node-id prefix, e.g. ``id:3fa2``; self-certifying, so the strongest rule),
   ``host:NAME`` (the host part of the pool's collector, e.g. ``host:*.cs.wisc.edu``),
@@ -46,6 +48,8 @@ from discovery.policy_rules import (
     ACCEPT_FLOCK_FROM,
     ACTIONS,
     ANNOUNCE_FROM,
+    BLACKLIST_FROM,
+    BLACKLIST_TO,
     FLOCK_TO,
     INVITE_FROM,
     QUERY_FROM,
@@ -64,6 +68,8 @@ __all__ = [
     "ACCEPT_FLOCK_FROM",
     "ACTIONS",
     "ANNOUNCE_FROM",
+    "BLACKLIST_FROM",
+    "BLACKLIST_TO",
     "FLOCK_TO",
     "INVITE_FROM",
     "QUERY_FROM",
@@ -92,7 +98,8 @@ class Policy:
     # ------------------------------------------------------------------ construction
     @classmethod
     def allow_all(cls) -> Policy:
-        """Every action allowed for everyone, nothing capped (the self-organizing default)."""
+        """Every action allowed for everyone, nothing capped (the self-organizing default) —
+        except the blacklist exchange, which only named pools are trusted with."""
         return cls()
 
     @classmethod

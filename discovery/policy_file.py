@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from discovery.policy_rules import (
     ACTIONS,
     DEFAULT_BLACKLIST_S,
+    DENY_BY_DEFAULT,
     DIRECTIONS,
     Agreement,
     Pattern,
@@ -213,7 +214,7 @@ class _Builder:
         self._unknown(table, t, _ACTION_KEYS)
         allow = self._patterns(table, "allow", t.get("allow", []))
         deny = self._patterns(table, "deny", t.get("deny", []))
-        default = t.get("default", "allow")
+        default = t.get("default", "deny" if action in DENY_BY_DEFAULT else "allow")
         if default not in ("allow", "deny"):
             raise self.fail(
                 table, "default", f'[{action}] default must be "allow" or "deny", got {default!r}'

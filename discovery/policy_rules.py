@@ -22,6 +22,9 @@ __all__ = [
     "ACCEPT_FLOCK_FROM",
     "ACTIONS",
     "ANNOUNCE_FROM",
+    "BLACKLIST_FROM",
+    "BLACKLIST_TO",
+    "DENY_BY_DEFAULT",
     "FLOCK_TO",
     "INVITE_FROM",
     "QUERY_FROM",
@@ -40,8 +43,24 @@ FLOCK_TO: Final = "flock-to"
 ACCEPT_FLOCK_FROM: Final = "accept-flock-from"
 QUERY_FROM: Final = "query-from"
 INVITE_FROM: Final = "invite-from"
+#: whose blacklists we adopt, and to whom we send ours (Butt et al. 2006 §3.2.1: pools "can
+#: dynamically learn of 'black listed' pools from other trusted pools")
+BLACKLIST_FROM: Final = "blacklist-from"
+BLACKLIST_TO: Final = "blacklist-to"
 #: every action a policy file may name
-ACTIONS: tuple[str, ...] = (ANNOUNCE_FROM, FLOCK_TO, ACCEPT_FLOCK_FROM, QUERY_FROM, INVITE_FROM)
+ACTIONS: tuple[str, ...] = (
+    ANNOUNCE_FROM,
+    FLOCK_TO,
+    ACCEPT_FLOCK_FROM,
+    QUERY_FROM,
+    INVITE_FROM,
+    BLACKLIST_FROM,
+    BLACKLIST_TO,
+)
+#: actions whose default is deny: trust is given by name, never by default — a pool that
+#: adopted anyone's blacklist could be cut off from every pool by one liar, and one that sent
+#: its blacklist to anyone would publish which pools failed it
+DENY_BY_DEFAULT: tuple[str, ...] = (BLACKLIST_FROM, BLACKLIST_TO)
 
 #: how long a pool that failed or evicted our jobs is skipped. Butt et al. 2006 §3.2.1 names the
 #: learned blacklist but no duration; 30 min is 30 Flocking Manager periods (long enough not to
@@ -280,4 +299,4 @@ class UserRule:
 
 
 def _default_rules() -> dict[str, Rule]:
-    return {a: Rule() for a in ACTIONS}
+    return {a: Rule(default=a not in DENY_BY_DEFAULT) for a in ACTIONS}

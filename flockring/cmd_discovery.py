@@ -107,6 +107,11 @@ def cmd_flock(args: argparse.Namespace) -> int:
         print(f"flocking {state} (epoch {d['epoch']}, seq {d['seq']})")
         if d["targets"]:
             print("FLOCK_TO = " + ", ".join(d["targets"]))
+    bl = [[k, v, "own"] for k, v in data.get("blacklist", {}).items()]
+    for k, e in data.get("blacklist_learned", {}).items():
+        bl.append([k, e["left_s"], "from " + ", ".join(x[:8] for x in e["from"])])
+    if bl:
+        _table("blacklisted pools (skipped)", ["pool", "left s", "source"], bl)
     if args.condor_config and data.get("condor_config"):
         print()
         print(data["condor_config"], end="")

@@ -148,6 +148,9 @@ def test_defaults_per_action() -> None:
         "accept-flock-from": True,
         "query-from": False,
         "invite-from": True,
+        # trust with blacklists is never a default (Butt et al. 2006 §3.2.1: "trusted pools")
+        "blacklist-from": False,
+        "blacklist-to": False,
     }
     assert Policy.allow_all().allows("query-from", p)
 
