@@ -2,19 +2,23 @@
 
 N pools on a Pastry ring (or the small-world ring) built on the transit-stub model; the pools
 of one stub domain — one site, near each other — trust each other with their blacklists
-(``blacklist-from`` / ``blacklist-to`` allow the site's other pools by overlay address). A
+(``blacklist-from`` / ``blacklist-to`` allow the site's other pools by overlay address, or by
+whole node id with ``--by id``, which routes a share to the ones the reporter does not know). A
 tenth of the pools offer machines, a few of those are bad; every other pool is overloaded. After
 one announcement round (TTL 1) each consumer that holds a bad pool in its willing list reports
 it failed with probability ``--report``. Then the shares travel, and the script counts:
 
 * ``shares_per_report``: shares sent per failure reported;
 * ``pair_reach``: of the (reporter, trusted site peer) pairs, the fraction in which the peer
-  adopted the report — a share goes one hop, to pools the reporter knows on the overlay;
+  adopted the report — a direct share goes one hop, to pools the reporter knows on the
+  overlay; with ``--by id`` the rest are routed to (``routed_shares``; ``route_msgs``: the
+  routed messages' hops, other routed traffic of the 30 s included);
 * ``spared``: of the (consumer, bad pool) pairs where the consumer holds the bad pool in its
   willing list, did not report it itself, and a site peer did, the fraction the consumer now
   skips.
 
-Usage: ``python benchmarks/blacklist_reach.py --nodes 1000 --seed 1 [--overlay smallworld]``;
+Usage: ``python benchmarks/blacklist_reach.py --nodes 1000 --seed 1 [--overlay smallworld]
+[--by id]``;
 prints one JSON object.
 """
 
@@ -40,6 +44,13 @@ def main() -> None:
     ap.add_argument("--offering", type=float, default=0.1, help="fraction offering machines")
     ap.add_argument("--bad", type=int, default=10, help="bad pools among the offering ones")
     ap.add_argument("--report", type=float, default=0.3, help="chance a holder reports")
+    ap.add_argument(
+        "--by",
+        choices=["addr", "id"],
+        default="addr",
+        help="name a site's pools by address (shares go to the ones known) or by whole node id "
+        "(shares are also routed to the others)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -59,8 +70,13 @@ def main() -> None:
         for x in nodes
     }
 
+    ids = {x.index: x.id for x in nodes}
+
+    def name(j: int) -> str:
+        return f"addr:{j}" if a.by == "addr" else f"id:{int(ids[j]):040x}"
+
     def policy(i: int) -> Policy:
-        peers = ", ".join(f'"addr:{j}"' for j in members[site[i]] if j != i)
+        peers = ", ".join(f'"{name(j)}"' for j in members[site[i]] if j != i)
         return Policy.loads(
             f"[blacklist-from]\nallow = [{peers}]\n[blacklist-to]\nallow = [{peers}]\n"
         )
@@ -73,7 +89,7 @@ def main() -> None:
     )
     sim.round(3.0)
     consumers = [x.index for x in nodes if x.index not in offering]
-    ids = {x.index: x.id for x in nodes}
+    routed0 = net.msg_by_type.get("RouteMsg", 0)
     holds: dict[int, set[int]] = {}
     reported: dict[int, set[int]] = {}
     for i in consumers:
@@ -82,7 +98,7 @@ def main() -> None:
         reported[i] = {b for b in sorted(holds[i]) if rng.random() < a.report}
         for b in sorted(reported[i]):
             f.report_failure(ids[b], "simulated eviction")
-    net.run(3.0)
+    net.run(30.0)
     n_reports = sum(len(r) for r in reported.values())
     shares = sum(sim[i].stats["blacklist_shares_sent"] for i in consumers)
     pairs = reached = 0
@@ -106,6 +122,7 @@ def main() -> None:
     out = {
         "overlay": a.overlay,
         "build": a.build,
+        "trust_by": a.by,
         "nodes": a.nodes,
         "seed": a.seed,
         "sites": len(members),
@@ -115,6 +132,8 @@ def main() -> None:
         "reports": n_reports,
         "shares_sent": shares,
         "shares_per_report": round(shares / n_reports, 2) if n_reports else None,
+        "routed_shares": sum(sim[i].stats["blacklist_shares_routed"] for i in consumers),
+        "route_msgs": net.msg_by_type.get("RouteMsg", 0) - routed0,
         "reporter_peer_pairs": pairs,
         "pair_reach": round(reached / pairs, 3) if pairs else None,
         "spare_eligible": eligible,

@@ -54,6 +54,7 @@ from discovery.decision import FlockDecision
 from discovery.flock_config import FlockConfig, IdleAwarePool, PoolView
 from discovery.flock_manager import FlockingManager
 from discovery.flock_messages import (
+    FLOCK_APP,
     AnnounceSigner,
     BlacklistShare,
     FlockAnnounce,
@@ -80,8 +81,6 @@ __all__ = [
     "PoolView",
 ]
 
-#: the application name a Flock registers on its core
-FLOCK_APP = "flock"
 
 _MAX_TEXT = 255  # longest collector / pool name accepted from the network
 _MAX_CONTACTS = 4096  # bound of the per-receiver cache of checked collector contacts
@@ -606,5 +605,9 @@ class Flock(FlockingManager, BaseApplication):
 
     # ------------------------------------------------------------------ KBR upcalls
     def deliver(self, key: NodeId, payload: Any, src: NodeHandle) -> None:
-        """Nothing is routed to the flock application by key; stray payloads are counted."""
+        """A blacklist share routed to this pool by its node id (``flock_blacklist``); any
+        other payload is stray and counted."""
+        if type(payload) is BlacklistShare:
+            self._on_routed_share(key, payload, src)
+            return
         self.stats["stray_payload"] += 1

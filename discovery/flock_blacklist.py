@@ -20,8 +20,16 @@ Theory of operation:
   (``id:``, ``host:`` or ``addr:`` patterns), never assumed.
 * **First-hand only.** Adopted entries are never passed on — trust is between two pools, and a
   rumour must not gain weight by travelling — and no pool adopts an entry naming itself.
-* **One hop.** A share is never forwarded, so it names no origin: the sender is the node the
-  transport authenticated (pair frames or signed envelopes on live nodes). Input that is not a
+* **Routed to pools named by id.** A ``blacklist-to`` allow pattern that is a whole node id
+  (``id:`` and 40 hex digits) names one pool, which may be anywhere on the overlay: the share
+  is also routed to that id (KBR ``route``), signed by its sender — it passes through other
+  pools — and taken only by the pool whose id it is (``blacklist_misrouted`` at another root:
+  the named pool is gone); its signature is checked against the claimed sender
+  (``blacklist_unsigned``, ``blacklist_forged``). Prefix, host and address patterns cannot be
+  routed to; they reach the pools we know.
+* **Otherwise one hop.** A direct share is never forwarded, so it names no origin: the sender
+  is the node the transport authenticated (pair frames or signed envelopes on live nodes).
+  Input that is not a
   share a pool could have sent — a wrong shape, more than :data:`MAX_SHARED` entries, a name
   that is neither a node id nor a collector contact, a time left that is not a positive number
   of seconds — is dropped and counted (``blacklist_malformed``), as are shares from untrusted
@@ -38,8 +46,17 @@ from typing import TYPE_CHECKING
 
 from discovery.condor_syntax import is_valid_contact
 from discovery.decision import FlockDecision
-from discovery.flock_messages import BlacklistShare
-from discovery.policy import BLACKLIST_FROM, BLACKLIST_TO, Peer, Policy, collector_host
+from discovery.flock_config import FlockConfig
+from discovery.flock_messages import (
+    FLOCK_APP,
+    AnnounceSigner,
+    BlacklistShare,
+    KeyCache,
+    sign_share,
+    verify_share,
+)
+from discovery.policy import BLACKLIST_FROM, BLACKLIST_TO, Peer, Policy, Rule, collector_host
+from discovery.signing import PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from discovery.willing import WillingEntry, WillingList
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
@@ -66,6 +83,17 @@ def _key(pool: NodeId | str) -> str:
     return f"{int(pool):040x}" if isinstance(pool, NodeId) else str(pool).strip().lower()
 
 
+def _named_pools(rule: Rule) -> list[NodeId]:
+    """The pools an allow list names by whole node id (``id:`` and 40 hex digits, which
+    compile to that id followed by ``*``): the ones a share can be routed to."""
+    out = []
+    for p in rule.allow:
+        g = p.glob
+        if p.kind == "id" and len(g) == 41 and g[40] == "*" and set(g[:40]) <= _HEX:
+            out.append(NodeId(int(g[:40], 16)))
+    return out
+
+
 def _valid_name(k: object) -> bool:
     if type(k) is not str or not 0 < len(k) <= _MAX_NAME or k != k.strip().lower():
         return False
@@ -79,6 +107,8 @@ class FlockBlacklist:
     id: NodeId
     core: KbrCore
     runtime: Runtime
+    config: FlockConfig
+    signer: AnnounceSigner | None
     policy: Policy
     willing: WillingList
     collector: str
@@ -86,6 +116,7 @@ class FlockBlacklist:
     stats: Counter[str]
     decision: FlockDecision | None
     _stopped: bool
+    _keys: KeyCache
     #: first-hand: pool name -> when it leaves the blacklist (runtime clock)
     _blacklist: dict[str, float]
     #: adopted: sender -> (seq of its newest share, pool name -> when it leaves)
@@ -191,10 +222,51 @@ class FlockBlacklist:
                 msg = BlacklistShare(tuple(live[:MAX_SHARED]), self._next_seq())
             self.runtime.send(h, msg)
             sent += 1
-        self.stats["blacklist_shares_sent"] += sent
-        return sent
+        routed = 0
+        for nid in _named_pools(rule):
+            # a pool we reached directly, ourselves, or one a deny pattern names: not routed
+            if nid in known or nid == self.id or not rule.decide(Peer(f"{int(nid):040x}")):
+                continue
+            if msg is None:
+                msg = BlacklistShare(tuple(live[:MAX_SHARED]), self._next_seq())
+            signed = sign_share(msg, self.signer) if self.signer is not None else msg
+            self.core.route(nid, FLOCK_APP, signed)
+            routed += 1
+        self.stats["blacklist_shares_sent"] += sent + routed
+        self.stats["blacklist_shares_routed"] += routed
+        return sent + routed
 
     # ------------------------------------------------------------------ receiving
+    def _on_routed_share(self, key: NodeId, m: BlacklistShare, origin: NodeHandle) -> None:
+        """A share routed to ``key``: ours only if ``key`` is our id, and only if signed by
+        the ``origin`` the route claims (other pools carried it)."""
+        if self._stopped:
+            return
+        st = self.stats
+        if key != self.id:
+            st["blacklist_misrouted"] += 1  # the pool it names is gone; we are that id's root
+            return
+        k, sig = m.key, m.sig
+        if type(k) is not bytes or type(sig) is not bytes or type(origin) is not NodeHandle:
+            st["blacklist_malformed"] += 1
+            return
+        if k or sig or self.config.require_signatures:
+            if not k or not sig:
+                st["blacklist_unsigned"] += 1
+                return
+            try:
+                ok = (
+                    len(k) == PUBLIC_KEY_BYTES
+                    and len(sig) == SIGNATURE_BYTES
+                    and verify_share(m, origin.id, self._keys)
+                )
+            except (TypeError, ValueError, OverflowError):  # a payload that cannot be encoded
+                ok = False
+            if not ok:
+                st["blacklist_forged"] += 1
+                return
+        self._on_blacklist_share(origin, m)
+
     def _on_blacklist_share(self, src: NodeHandle, m: BlacklistShare) -> None:
         if self._stopped or src.id == self.id:
             return

@@ -24,8 +24,9 @@ last forwarder):
 In the simulator signing may be switched off for speed (no key, empty signature); a receiver
 with ``require_signatures`` drops unsigned announcements.
 
-A :class:`BlacklistShare` goes one hop, from a pool to a pool it trusts, and is never
-forwarded: the transport's authentication of its sender is all the origin it needs (see
+A :class:`BlacklistShare` goes from a pool to a pool it trusts: one hop to a pool it knows,
+where the transport's authentication of its sender is all the origin it needs, or routed over
+the overlay to a pool named by its node id, signed by its sender like an announcement (see
 :mod:`discovery.flock_blacklist`).
 """
 
@@ -39,6 +40,8 @@ from discovery.signing import (
     KeyCache,
     Signer,
     check,
+    sign_message,
+    verify_message,
 )
 from overlay.handle import NodeHandle
 from overlay.ids import NodeId
@@ -46,14 +49,18 @@ from overlay.messages import Message, register
 
 __all__ = [
     "ANNOUNCE_DOMAIN",
+    "BLACKLIST_DOMAIN",
+    "FLOCK_APP",
     "AnnounceSigner",
     "BlacklistShare",
     "FlockAnnounce",
     "IdentitySigner",
     "KeyCache",
     "sign_announce",
+    "sign_share",
     "signed_bytes",
     "verify_announce",
+    "verify_share",
 ]
 
 #: prefix of the signed bytes (domain separation: a signature over an announcement can never
@@ -115,6 +122,28 @@ class BlacklistShare(Message):
     #: per-sender, strictly increasing (milliseconds of its clock): an older share that
     #: arrives late never replaces a newer one
     seq: int
+    #: a share routed over the overlay to a pool named by its node id travels through other
+    #: pools, so it carries its sender's raw Ed25519 key and signature (empty on a direct,
+    #: one-hop share, whose sender the transport authenticated)
+    key: bytes = b""
+    sig: bytes = b""
+
+
+#: the application name a Flock registers on its core (routed blacklist shares travel under it)
+FLOCK_APP = "flock"
+
+#: prefix of the bytes a routed blacklist share's sender signs
+BLACKLIST_DOMAIN = b"flockring/blacklist-share/v1"
+
+
+def sign_share(m: BlacklistShare, signer: Signer) -> BlacklistShare:
+    """``m`` with the signer's key and its signature (for a share routed through others)."""
+    return sign_message(m, signer, BLACKLIST_DOMAIN)
+
+
+def verify_share(m: BlacklistShare, claimed: NodeId, keys: KeyCache | None = None) -> bool:
+    """True if ``m`` is signed by ``claimed``'s key."""
+    return verify_message(m, claimed, BLACKLIST_DOMAIN, keys)
 
 
 def signed_bytes(m: FlockAnnounce) -> bytes:

@@ -14,17 +14,21 @@ import itertools
 import math
 import random
 
+import attrs
 import msgpack
 import pytest
 from flock_support import KeyedNode, announce, ident, keyed_node, pump, put_in_table
 
 from discovery.control import flock_info
 from discovery.flock_blacklist import MAX_SHARED
-from discovery.flock_messages import BlacklistShare
+from discovery.flock_messages import FLOCK_APP, BlacklistShare, IdentitySigner, sign_share
 from discovery.policy import BLACKLIST_FROM, BLACKLIST_TO, Peer, Policy
 from overlay import NodeHandle
+from overlay.identity import Identity
 from overlay.wire import decode_message, encode_message
-from sim_adapter.plugins.flock import FixedPool
+from sim_adapter import Network, latency
+from sim_adapter.plugins.flock import FixedPool, FlockSim, spawn_signed
+from sim_adapter.simnode import SimNode
 
 #: the pools that offer machines (their collectors are cmN.example.org:9618)
 OFFERS = [ident(700 + i) for i in range(8)]
@@ -225,11 +229,12 @@ def test_bad_shares_are_dropped_and_counted() -> None:
 def test_a_share_survives_the_wire_and_a_mistyped_one_is_refused() -> None:
     m = BlacklistShare((("ab" * 20, 12.5), ("cm1.example.org:9618", 3.0)), 17)
     raw = encode_message(m)
-    assert raw == msgpack.packb([111, [["ab" * 20, 12.5], ["cm1.example.org:9618", 3.0]], 17])
+    entries = [["ab" * 20, 12.5], ["cm1.example.org:9618", 3.0]]
+    assert raw == msgpack.packb([111, entries, 17, b"", b""])
     assert decode_message(raw) == m
     # a string where the seconds go, or a third item: refused by the decoder's type checks
-    assert decode_message(msgpack.packb([111, [["ab" * 20, "12.5"]], 17])) is None
-    assert decode_message(msgpack.packb([111, [["ab" * 20, 1.0, 2]], 17])) is None
+    assert decode_message(msgpack.packb([111, [["ab" * 20, "12.5"]], 17, b"", b""])) is None
+    assert decode_message(msgpack.packb([111, [["ab" * 20, 1.0, 2]], 17, b"", b""])) is None
 
 
 def test_flock_status_lists_both_blacklists() -> None:
@@ -247,3 +252,55 @@ def test_flock_status_lists_both_blacklists() -> None:
         "cm9.example.org:9618": {"left_s": 600.0, "from": [_hex(a)]}
     }
     assert info["stats"]["blacklist_adopted"] == 1
+
+
+def _ring(overlay: str) -> tuple[Network, FlockSim, list[SimNode], dict[int, Identity]]:
+    net = Network(seed=3, latency=latency.TransitStub(seed=3))
+    nodes, idents = spawn_signed(net, 120, overlay=overlay)
+    sim = FlockSim(net, lambda n: FixedPool(10, 0, idle_jobs=5), identities=idents)
+    return net, sim, nodes, idents
+
+
+@pytest.mark.parametrize("overlay", ["smallworld", "pastry"])
+def test_a_pool_named_by_id_hears_it_wherever_it_is(overlay: str) -> None:
+    net, sim, nodes, _ = _ring(overlay)
+    r = nodes[0]
+    known = {h.id for h in r.core.known_nodes()}
+    far = [x for x in nodes[1:] if x.id not in known]
+    t, gone = far[0], far[1]
+    hx = {x.index: f"{int(x.id):040x}" for x in nodes}
+    sim[r].set_policy(
+        Policy.loads(f'[blacklist-to]\nallow = ["id:{hx[t.index]}", "id:{hx[gone.index]}"]\n')
+    )
+    sim[t].set_policy(Policy.loads(f'[blacklist-from]\nallow = ["id:{hx[r.index]}"]\n'))
+    net.crash(gone)
+    sim[r].report_failure("cm1.example.org")
+    net.run(30.0)  # the copy for the crashed pool waits for its last hop to find the crash
+    assert sim[r].stats["blacklist_shares_routed"] == 2
+    assert sim[t].learned_blacklist() == {
+        "cm1.example.org": (pytest.approx(1770.0, abs=31), (hx[r.index],))
+    }
+    # nobody else took it, and the share for the crashed pool ended at its id's new root
+    others = [f for i, f in sim.flocks.items() if i not in (r.index, t.index)]
+    assert not any(f.learned_blacklist() for f in others)
+    assert sum(f.stats["blacklist_misrouted"] for f in sim.flocks.values()) == 1
+
+
+def test_a_routed_share_must_be_signed_by_its_claimed_sender() -> None:
+    net, sim, nodes, idents = _ring("pastry")
+    r, t, liar = nodes[0], nodes[60], nodes[30]
+    hx = {x.index: f"{int(x.id):040x}" for x in nodes}
+    sim[t].set_policy(Policy.loads(f'[blacklist-from]\nallow = ["id:{hx[liar.index]}"]\n'))
+    share = BlacklistShare((("cm1.example.org", 100.0),), 10)
+    # routed by the liar: unsigned, signed with another pool's key, signed then altered
+    liar.core.route(t.id, FLOCK_APP, share)
+    liar.core.route(t.id, FLOCK_APP, sign_share(share, IdentitySigner(idents[r.index])))
+    good = sign_share(share, IdentitySigner(idents[liar.index]))
+    liar.core.route(t.id, FLOCK_APP, attrs.evolve(good, seq=11))
+    net.run(10.0)
+    st = sim[t].stats
+    assert (st["blacklist_unsigned"], st["blacklist_forged"]) == (1, 2)
+    assert sim[t].learned_blacklist() == {}
+    liar.core.route(t.id, FLOCK_APP, good)
+    net.run(10.0)
+    assert set(sim[t].learned_blacklist()) == {"cm1.example.org"}
