@@ -1,7 +1,8 @@
 """Signed announcements between live nodes on loopback UDP (real sockets, real keys, the wall
 clock): a forged origin, a tampered field, a replay and an expired offer are each dropped and
 counted by reason, and the node keeps serving (the honest pool then enters its willing list,
-and the node still answers status requests)."""
+and the node still answers status requests). A blacklist share crosses the same sockets to the
+pool that trusts its sender, and is refused by one that does not."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import trio
 from flock_support import announce
 
 from discovery.live import Discovery
+from discovery.policy import Policy
 from discovery.pool import SimulatedPool
 from overlay.identity import Identity
 from overlay.live.control import ControlClient
@@ -68,3 +70,43 @@ async def test_bad_announcements_are_dropped_and_counted_live() -> None:
         async with open_udp("udp://127.0.0.1:0") as tc, ControlClient(tc) as c:
             assert (await c.status(victim.address)).handle == victim.handle
         d.stop()
+
+
+async def test_a_blacklist_share_crosses_real_sockets_to_the_trusted_pool_only() -> None:
+    async with (
+        open_udp("udp://127.0.0.1:0") as ta,
+        open_udp("udp://127.0.0.1:0") as tb,
+        open_udp("udp://127.0.0.1:0") as tc,
+        Node(ta, "pastry", Identity.generate()) as a,
+        Node(tb, "pastry", Identity.generate()) as b,
+        Node(tc, "pastry", Identity.generate()) as c,
+    ):
+        await a.join([])
+        await b.join([a.address])
+        await c.join([a.address])
+        with trio.fail_after(10):
+            while len({h.id for h in a.core.known_nodes()}) < 2:
+                await trio.sleep(0.02)
+        hx = {n: f"{int(n.id):040x}" for n in (a, b, c)}
+        flocks = {}
+        ds = []
+        for n, pol in (
+            (a, f'[blacklist-to]\nallow = ["id:{hx[b]}", "id:{hx[c]}"]\n'),
+            (b, f'[blacklist-from]\nallow = ["id:{hx[a]}"]\n'),
+            (c, ""),  # trusts nobody
+        ):
+            pool = SimulatedPool(hx[n][:4], 4, runtime=n.core.runtime)
+            ds.append(Discovery(n))
+            flocks[n] = ds[-1].attach_flock(
+                pool, collector=f"{hx[n][:8]}.example.org:9618", policy=Policy.loads(pol)
+            )
+        flocks[a].report_failure("bad.example.org:9618", "evicted 2 jobs")
+        with trio.fail_after(10):
+            while not flocks[b].learned_blacklist() or not flocks[c].stats["blacklist_untrusted"]:
+                await trio.sleep(0.02)
+        left, by = flocks[b].learned_blacklist()["bad.example.org:9618"]
+        assert by == (hx[a],) and 1700 < left <= 1800
+        assert flocks[c].learned_blacklist() == {}
+        assert flocks[a].stats["blacklist_shares_sent"] == 2
+        for d in ds:
+            d.stop()
