@@ -164,6 +164,32 @@ def test_lookups_survive_message_loss() -> None:
     assert ok == 1.0
 
 
+@pytest.mark.parametrize("split", ["halves", "interleaved"])
+def test_a_partition_heals_into_one_ring(split: str) -> None:
+    """Two rings a partition made merge once it heals: nodes ask connections they declared
+    dead where they belong (FreePastry's PartitionHandler, as Pastry does here)."""
+    net = Network(seed=24)
+    nodes = net.spawn(200, overlay="smallworld")
+    net.run(60)
+    ordered = sorted(nodes, key=lambda x: x.id)
+    parts = (ordered[:100], ordered[100:]) if split == "halves" else (ordered[::2], ordered[1::2])
+    net.partition(list(parts))
+    net.run(300)
+    # each side has become a ring of its own, and routes keys of the other side's nodes wrongly
+    assert _wrong_near(parts[0]) == 0 and _wrong_near(parts[1]) == 0
+    k = NodeId((int(parts[1][50].id) + 1) % RING)
+    assert net.lookup(parts[0][10], k).result != net.closest_live(k)
+    net.heal()
+    net.run(600)  # two healing periods (300 s each)
+    assert _wrong_near(nodes) == 0
+    ok, _ = lookups(net, nodes, 1000, seed=4)
+    assert ok == 1.0
+    stats = [_core(x).stats for x in nodes]
+    assert sum(s["partition_probes_answered"] for s in stats) > 0
+    # gone connections that answered are not asked again and again
+    assert sum(s["partition_probes"] for s in stats) <= 3 * len(nodes)
+
+
 def test_joins_onto_an_oracle_ring_and_kbr_queries() -> None:
     net = Network(seed=9)
     nodes = net.spawn(600, overlay="smallworld", build="oracle")

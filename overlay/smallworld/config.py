@@ -164,6 +164,13 @@ class SmallWorldConfig:
     #: run a near-repair walk on each side this often even when nothing looks wrong (a safety
     #: net under the near-list exchange; repairs after a failure walk at once).
     stabilize_interval_s: float = attrs.field(default=300.0, validator=_positive)
+    #: partition healing (FreePastry ``PartitionHandler``, as Pastry's here): every
+    #: ``stabilize_interval_s`` (300 s, FreePastry's period) a node that lost connections asks
+    #: one of them, chosen at random, where it belongs. It remembers up to this many
+    #: (FreePastry ``partition_handler_max_history_size = 20``; 0 turns healing off) ...
+    gone_history_size: int = attrs.field(default=20, validator=_at_least(0))
+    #: ... for this long (FreePastry ``partition_handler_max_history_age``: 90 min).
+    gone_history_age_s: float = attrs.field(default=5400.0, validator=_positive)
     #: an unanswered connect request (shortcut or near repair) is forgotten after this.
     connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     #: join: wait this long for the routed reply before trying the next seed (doubles per try).

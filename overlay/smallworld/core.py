@@ -115,6 +115,7 @@ class SmallWorldCore(KbrCore):
         self._timer: Timer | None = None
         self.join_state: JoinState | None = None
         self.seeds = _NO_SEEDS
+        self.gone: dict[NodeHandle, float] | None = None
         self.shortcut_pending = 0
         self.shortcut_deadline = 0.0
         self.started_at = runtime.now()
@@ -210,6 +211,10 @@ class SmallWorldCore(KbrCore):
     def rejoin(self) -> None:
         """Ask the original seeds again (an isolated node whose connections all failed)."""
         _join.rejoin(self)
+
+    def probe_partition(self, address: Address) -> None:
+        """Ask a node we declared dead where we belong (partition healing, maintenance.py)."""
+        _join.probe_partition(self, address)
 
     def mark_built(self, seeds: tuple[Address, ...] = ()) -> None:
         """The oracle installed our table: we are a joined, ready node (nothing was sent).
@@ -375,6 +380,7 @@ class SmallWorldCore(KbrCore):
         side_id, side = (RIGHT, right) if h in right else (LEFT, t.left())
         t.remove(h)
         self.stats["connections_lost"] += 1
+        _mnt.remember_gone(self, h)
         self._near_changed(before)
         if was_near:
             gaps = self._gap_since

@@ -81,6 +81,22 @@ def rejoin(core: SmallWorldHost) -> None:
     _attempt(core)
 
 
+def probe_partition(core: SmallWorldHost, address: Address) -> None:
+    """Partition healing (FreePastry ``PartitionHandler``; Pastry's here is the same): a ready
+    node asks a node it declared dead a while ago where it belongs, by a join request. If that
+    node is alive — in a ring of its own since a partition cut the two apart — its ring routes
+    the request to the nodes closest to our id there; we link to them and the near-list
+    exchange merges the rings (exchange.py: what makes concurrent joins converge). If it is in
+    our ring after all, the reply names neighbours we hold. One try; unanswered, it ends
+    quietly."""
+    if core.join_state is not None or core.stopped or not core.ready:
+        return
+    core.stats["partition_probes"] += 1
+    st = core.join_state = JoinState((address,), None)
+    st.probe = True
+    _attempt(core)
+
+
 def _attempt(core: SmallWorldHost) -> None:
     st = core.join_state
     assert st is not None
@@ -95,6 +111,11 @@ def _attempt(core: SmallWorldHost) -> None:
 def _timeout(core: SmallWorldHost, token: int) -> None:
     st = core.join_state
     if st is None or st.token != token or st.linking or core.stopped:
+        return
+    if st.probe:
+        # the node we asked is gone indeed (or cut off still): nothing to heal, no retry
+        core.join_state = None
+        core.stats["partition_probes_unanswered"] += 1
         return
     if _found_by_ring(core):
         # No reply from the seed (under 5-minute sessions often a seed that has crashed since
@@ -137,6 +158,12 @@ def on_reply(
         return
     if st.timer is not None:
         st.timer.cancel()
+    if st.probe:
+        core.stats["partition_probes_answered"] += 1
+        g = core.gone
+        if g:  # the node we asked answered for its ring: asking it again would tell us nothing
+            for h in [h for h in g if h.address == st.seeds[0]]:
+                del g[h]
     st.linking = True
     st.inherit = shortcuts
     base = core.config.near_per_side

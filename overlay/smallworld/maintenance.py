@@ -24,7 +24,9 @@ Every ``maintenance_interval_s`` a ready node
    shortcut. Any message from a peer (lists, routed traffic, acks) counts as hearing it. When
    every near neighbour of a side is suspected, a repair walk goes out at once;
 4. **stabilizes** every ``stabilize_interval_s`` (300 s): a NearQuery walk on each side, a
-   safety net under the exchange.
+   safety net under the exchange; and **heals partitions**: a node that declared connections
+   dead in the last 90 min asks one of them where it belongs (:func:`heal_partition`; FreePastry
+   ``PartitionHandler``), so two rings that a partition made merge once it heals.
 
 A node left with fewer live connections than a near window after losing some rejoins through
 its seeds (:func:`check_isolated`): an island cut off by a mass failure cannot be found by
@@ -78,6 +80,43 @@ def tick(core: SmallWorldHost) -> None:
     if now >= core.next_stabilize:
         core.next_stabilize = now + core.config.stabilize_interval_s
         walk_near(core)
+        heal_partition(core, now)
+
+
+def remember_gone(core: SmallWorldHost, h: NodeHandle) -> None:
+    """A connection was declared dead: remember it for partition healing (FreePastry
+    ``PartitionHandler``'s history: the newest ``gone_history_size``)."""
+    size = core.config.gone_history_size
+    if size <= 0:
+        return
+    g = core.gone
+    if g is None:
+        g = core.gone = {}
+    g.pop(h, None)
+    g[h] = core.runtime.now()
+    if len(g) > size:
+        del g[next(iter(g))]
+
+
+def heal_partition(core: SmallWorldHost, now: float) -> None:
+    """Ask one connection declared dead in the last ``gone_history_age_s`` (at random; not one
+    we hold again) where we belong: if a partition cut it off, its ring answers and the rings
+    merge (join.probe_partition). Walks and exchanges follow connections only, and after a
+    partition none crosses it: without this the two rings stay two rings for ever."""
+    g = core.gone
+    if not g:
+        return
+    age = core.config.gone_history_age_s
+    t = core.table
+    heard = core.prox.heard_since
+    # forgotten: too old, held again, or heard from since (alive, so in our ring after all)
+    for h in [h for h, at in g.items() if now - at > age or h in t or heard(h, at)]:
+        del g[h]
+    if not g:
+        core.gone = None
+        return
+    if core.join_state is None:
+        core.probe_partition(core.runtime.rng.choice(list(g)).address)
 
 
 def check_shortcuts(core: SmallWorldHost) -> None:

@@ -46,6 +46,7 @@ class JoinState:
         "offset",
         "on_done",
         "pending",
+        "probe",
         "seeds",
         "timer",
         "token",
@@ -61,6 +62,8 @@ class JoinState:
         self.on_done = on_done
         self.offset = offset  # index of the first seed tried: rejoins start at a random one
         self.attempt = 0
+        #: a partition-healing probe of a ready node (one try, ends quietly unanswered)
+        self.probe = False
         self.token = 0
         self.linking = False
         self.pending: set[NodeHandle] = set()
@@ -93,6 +96,8 @@ class SmallWorldHost(Protocol):
     join_state: JoinState | None
     #: the seeds of the last join, for rejoining after isolation
     seeds: tuple[Address, ...]
+    #: connections declared dead and when (partition healing; None until one dies)
+    gone: dict[NodeHandle, float] | None
     #: shortcut connection requests in flight, and when the current batch times out
     shortcut_pending: int
     shortcut_deadline: float
@@ -147,6 +152,9 @@ class SmallWorldHost(Protocol):
 
     def rejoin(self) -> None:
         """Join again through the last seeds (isolated node)."""
+
+    def probe_partition(self, address: Address) -> None:
+        """Ask the node at ``address`` (one we declared dead) where we belong (healing)."""
 
     def adopt_near(self, k: int) -> None:
         """Take the JOIN responder's wider window while our own churn estimate cannot decide."""
