@@ -113,9 +113,11 @@ def _timeout(core: SmallWorldHost, token: int) -> None:
     if st is None or st.token != token or st.linking or core.stopped:
         return
     if st.probe:
-        # the node we asked is gone indeed (or cut off still): nothing to heal, no retry
+        # the node we asked is gone indeed (or cut off still): nothing to heal, no retry; an
+        # isolation check the probe kept from rejoining runs now
         core.join_state = None
         core.stats["partition_probes_unanswered"] += 1
+        maintenance.check_isolated(core)
         return
     if _found_by_ring(core):
         # No reply from the seed (under 5-minute sessions often a seed that has crashed since
