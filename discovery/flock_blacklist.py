@@ -24,7 +24,8 @@ Theory of operation:
   (``id:`` and 40 hex digits) names one pool, which may be anywhere on the overlay: the share
   is also routed to that id (KBR ``route``), signed by its sender — it passes through other
   pools — and taken only by the pool whose id it is (``blacklist_misrouted`` at another root:
-  the named pool is gone); its signature is checked against the claimed sender
+  the named pool is gone), within ``max_validity_s`` of being made (``blacklist_stale``: a
+  captured copy replayed later); its signature is checked against the claimed sender
   (``blacklist_unsigned``, ``blacklist_forged``). Prefix, host and address patterns cannot be
   routed to; they reach the pools we know.
 * **Otherwise one hop.** A direct share is never forwarded, so it names no origin: the sender
@@ -246,6 +247,19 @@ class FlockBlacklist:
         if key != self.id:
             st["blacklist_misrouted"] += 1  # the pool it names is gone; we are that id's root
             return
+        # Freshness: ``seq`` is milliseconds of the sender's announcement clock (wall clock on
+        # live nodes). A direct share rides the transport's replay window; a routed one could
+        # be captured on its way and replayed — to a pool that restarted and forgot the
+        # sender's newest seq, it would blacklist anew. So a routed share is taken only within
+        # ``max_validity_s`` of being made and not from beyond the allowed clock skew, as an
+        # announcement is.
+        if type(m.seq) is int:
+            made = m.seq / 1000.0
+            now = self.clock()
+            cfg = self.config
+            if made < now - cfg.max_validity_s or made > now + cfg.clock_skew_s:
+                st["blacklist_stale"] += 1
+                return
         k, sig = m.key, m.sig
         if type(k) is not bytes or type(sig) is not bytes or type(origin) is not NodeHandle:
             st["blacklist_malformed"] += 1

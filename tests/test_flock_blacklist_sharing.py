@@ -19,6 +19,7 @@ import msgpack
 import pytest
 from flock_support import KeyedNode, announce, ident, keyed_node, pump, put_in_table
 
+from discovery.announce import Flock
 from discovery.control import flock_info
 from discovery.flock_blacklist import MAX_SHARED
 from discovery.flock_messages import FLOCK_APP, BlacklistShare, IdentitySigner, sign_share
@@ -304,3 +305,32 @@ def test_a_routed_share_must_be_signed_by_its_claimed_sender() -> None:
     liar.core.route(t.id, FLOCK_APP, good)
     net.run(10.0)
     assert set(sim[t].learned_blacklist()) == {"cm1.example.org"}
+
+
+def test_a_routed_share_replayed_later_is_refused_even_by_a_restarted_pool() -> None:
+    net, sim, nodes, idents = _ring("pastry")
+    a, t = nodes[0], nodes[60]
+    hx = {x.index: f"{int(x.id):040x}" for x in nodes}
+    trust = Policy.loads(f'[blacklist-from]\nallow = ["id:{hx[a.index]}"]\n')
+    sim[t].set_policy(trust)
+    made = sim[a].clock()
+    share = sign_share(
+        BlacklistShare((("cm1.example.org", 100.0),), int(made * 1000)), IdentitySigner(idents[0])
+    )
+    a.core.route(t.id, FLOCK_APP, share)
+    net.run(5.0)
+    assert set(sim[t].learned_blacklist()) == {"cm1.example.org"}
+    # the pool restarts (its flock forgets every sender's seq); a copy captured on the way
+    # comes back after the validity an announcement would have had
+    net.run(sim.config.max_validity_s)
+    t.core.unregister(FLOCK_APP)
+    fresh = Flock(
+        t.core,
+        FixedPool(10, 0, idle_jobs=5),
+        sim.config,
+        policy=trust,
+        signer=IdentitySigner(idents[t.index]),
+    )
+    a.core.route(t.id, FLOCK_APP, share)
+    net.run(5.0)
+    assert fresh.learned_blacklist() == {} and fresh.stats["blacklist_stale"] == 1
