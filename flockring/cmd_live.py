@@ -33,7 +33,7 @@ from flockring.tables import status_rows, status_table
 from overlay.errors import OverlayError
 from overlay.identity import Identity
 from overlay.ids import NodeId, closer
-from overlay.live.node import ControlClient, Node, StatusReply
+from overlay.live.node import ControlClient, Node, StatusReply, live_config
 from transports.address import AddressError, format_address, parse_address, resolve
 
 __all__ = ["register"]
@@ -98,6 +98,8 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
         identities.append(Identity.load_or_create(args.identity))
     else:
         identities = [None] * count
+    # --set: the overlay's live default config with these fields changed (one config, shared)
+    config = live_config(args.overlay, args.set) if args.set else None
     nodes: list[Node] = []
     async with trio.open_nursery() as nursery:
 
@@ -109,6 +111,7 @@ async def _run_nodes(args: argparse.Namespace, out: TextIO) -> int:
                     t,
                     args.overlay,
                     ident,
+                    config,
                     signing=not args.no_signing,
                     join_timeout_s=args.join_timeout,
                     advertise=_nth_advertise(args.advertise, listen, i),
@@ -462,6 +465,15 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="sign every datagram with Ed25519 instead of holding authenticated sessions "
         "(Noise XX) with peers that exchange sustained traffic",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change a field of the overlay's config (PastryConfig / SmallWorldConfig, "
+        "docs/design.md; GROUP.FIELD for a nested one, e.g. proximity.probe_retries=3; JSON "
+        "values), repeatable",
     )
     node_plugins.add_arguments(p)
     p.set_defaults(func=cmd_node)

@@ -128,6 +128,11 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         ("node", "--join", "udp://127.0.0.1:9", "--join-timeout", "1"),
         ("status", "udp://127.0.0.1:9", "--timeout", "0.5"),
         ("route", "bogus", "abc"),
+        # overlay config overrides: no such field, no such nested config, not JSON, refused
+        ("node", "--set", "nope=1"),
+        ("node", "--set", "proximity.nope=1"),
+        ("node", "--set", "leaf_set_size=eight"),
+        ("node", "--overlay", "smallworld", "--set", "stabilize_interval_s=0"),
     ]
     key = tmp_path / "key"
     key.write_text("garbage")

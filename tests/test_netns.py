@@ -212,3 +212,107 @@ def test_wildcard_listeners_advertise_their_address(
             assert r["responsible_address"] == (addr_a if want == ida else addr_b)
     finally:
         stop_processes(procs)
+
+
+def _start_many(ns: str, args: list[str], n: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """Start ``flockring node --nodes n`` in ``ns``; wait for its READY line; the node ids."""
+    p = subprocess.Popen(
+        in_ns(ns, "node", "--status-interval", "0", "--nodes", str(n), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert p.stdout is not None
+    ids: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        if line.startswith("NODE "):
+            ids.append(int(line.split()[1], 16))
+        if line.startswith("READY "):
+            return p, ids
+    p.kill()
+    err = p.stderr.read() if p.stderr else ""
+    pytest.fail(f"nodes in {ns} did not come up: {err[-400:]}")
+
+
+def _routes(ns: str, entry: str, keys: list[NodeId]) -> list[int | None]:
+    """The node ``entry`` says is responsible for each key (None: no answer in time), asked
+    at once (a client process each)."""
+    procs = [
+        subprocess.Popen(
+            in_ns(ns, "route", entry, str(k), "--json", "--timeout", "3"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for k in keys
+    ]
+    out: list[int | None] = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=30)
+        out.append(int(json.loads(stdout)["responsible"], 16) if p.returncode == 0 else None)
+    return out
+
+
+def test_a_small_world_ring_cut_by_a_partition_heals_into_one(hosts: list[str]) -> None:
+    """Host 2 is cut off from the bridge: its six nodes become a ring of their own, the twelve
+    of hosts 0 and 1 another. The link comes back and the rings merge — keys then route, from
+    each host, to the closest of all 18 nodes again. Live, two ways lead back: nodes ask the
+    connections they declared dead where they belong (partition healing), and a node left with
+    fewer live connections than a near window rejoins through its seed, which is across the
+    cut here; ``tests/test_smallworld_network.py::test_a_partition_heals_into_one_ring`` shows
+    the first alone (this test passes with it turned off too). Timers shortened with ``--set``
+    so that the test takes seconds instead of the defaults' minutes."""
+    fast = [
+        "--overlay", "smallworld",
+        "--set", "near_exchange_s=2", "--set", "idle_ping_s=3",
+        "--set", "outer_idle_ping_s=4", "--set", "shortcut_idle_ping_s=5",
+        "--set", "stabilize_interval_s=4",
+    ]  # fmt: skip
+    entries = [f"udp://{a}:7000" for a in ADDRS]
+    procs: list[subprocess.Popen[str]] = []
+    ids: list[list[int]] = []
+    try:
+        for i, ns in enumerate(hosts):
+            join = ["--join", entries[0]] if i else []
+            p, got = _start_many(ns, ["--listen", entries[i], *join, *fast], 6)
+            procs.append(p)
+            ids.append(got)
+        every = [x for part in ids for x in part]
+
+        def closest(key: NodeId, among: list[int]) -> int:
+            best = among[0]
+            for x in among:
+                if closer(key, x, best):
+                    best = x
+            return best
+
+        keys = [NodeId.hash_of(b"heal-%d" % j) for j in range(8)]
+
+        def wrong_from(h: int, among: list[int]) -> int:
+            got = _routes(hosts[h], entries[h], keys)
+            return sum(g != closest(k, among) for g, k in zip(got, keys, strict=True))
+
+        def wait(cond: object, seconds: float, what: str) -> None:
+            deadline = time.monotonic() + seconds
+            while not cond():  # type: ignore[operator]
+                if time.monotonic() > deadline:
+                    pytest.fail(f"not within {seconds:.0f} s: {what}")
+                time.sleep(1.0)
+
+        wait(lambda: all(wrong_from(h, every) == 0 for h in range(3)), 30, "one ring at start")
+        ip("-n", HUB, "link", "set", f"{TAG}p2", "down")
+        # each side repairs itself into a ring of its own, routing to its own nodes only
+        rest = ids[0] + ids[1]
+        wait(lambda: wrong_from(2, ids[2]) == 0 and wrong_from(0, rest) == 0, 60, "two rings")
+        assert wrong_from(2, every) > 0
+        ip("-n", HUB, "link", "set", f"{TAG}p2", "up")
+        wait(lambda: all(wrong_from(h, every) == 0 for h in range(3)), 60, "one ring again")
+    finally:
+        ip("-n", HUB, "link", "set", f"{TAG}p2", "up")
+        stop_processes(procs)

@@ -55,6 +55,7 @@ from typing import Any
 import attrs
 import trio
 
+from overlay.config_overrides import with_overrides
 from overlay.errors import (
     ConfigError,
     JoinError,
@@ -103,6 +104,7 @@ __all__ = [
     "StatusReply",
     "StatusRequest",
     "iter_handles",
+    "live_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,16 @@ def _live_default_config(overlay: str) -> Any:
         prox = attrs.evolve(base.proximity, network_rto_samples=LIVE_NETWORK_RTO_SAMPLES)
         cfg = _DEFAULT_CONFIGS[overlay] = attrs.evolve(base, proximity=prox)
     return cfg
+
+
+def live_config(overlay: str, overrides: Sequence[str] = ()) -> Any:
+    """A built-in overlay's live default config with ``FIELD=VALUE`` overrides
+    (:func:`overlay.config_overrides.with_overrides`; what ``flockring node --set`` passes)."""
+    if overlay not in _CONFIGS:
+        raise ConfigError(
+            f"unknown overlay {overlay!r}; choose one of {', '.join(sorted(_CONFIGS))}"
+        )
+    return with_overrides(_live_default_config(overlay), overrides)
 
 
 class ProbeError(OverlayError):

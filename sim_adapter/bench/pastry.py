@@ -219,44 +219,12 @@ def route_breakdown(net: Network, lat: Any, pairs: Sequence[tuple[Any, NodeId]])
 
 def _config(pairs: Sequence[str], cls: type[Any] | None = None) -> Any:
     """A ``cls`` (default PastryConfig; SmallWorldConfig for the ring) with ``field=value``
-    overrides (values parsed as JSON numbers/booleans); ``group.field=value`` overrides a field
-    of a nested config (``kbr``, ``proximity``), keeping that overlay's own defaults for the
-    rest."""
-    import json
-
-    import attrs
-
-    from overlay.errors import ConfigError
+    overrides (``overlay.config_overrides``): ``group.field=value`` overrides a field of a
+    nested config (``kbr``, ``proximity``), keeping that overlay's own defaults for the rest."""
+    from overlay.config_overrides import with_overrides
     from overlay.pastry import PastryConfig
 
-    config_cls = PastryConfig if cls is None else cls
-    name_of = config_cls.__name__
-
-    kw: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
-    for p in pairs:
-        name, sep, value = p.partition("=")
-        if not sep:
-            raise ConfigError(f"--set needs FIELD=VALUE, got {p!r}")
-        try:
-            v = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--set {name}: not a JSON value: {value!r}") from e
-        group, dot, field = name.partition(".")
-        if dot:
-            nested.setdefault(group, {})[field] = v
-        else:
-            kw[name] = v
-    try:
-        base = config_cls()
-        for group, fields in nested.items():
-            sub = getattr(base, group, None)
-            if sub is None or not attrs.has(type(sub)):
-                raise ConfigError(f"--set {group}.…: {name_of} has no nested config {group!r}")
-            kw[group] = attrs.evolve(sub, **fields)
-        return config_cls(**kw)
-    except (TypeError, ValueError) as e:  # unknown field; a validator's refusal
-        raise ConfigError(f"--set: {e}") from e
+    return with_overrides((PastryConfig if cls is None else cls)(), pairs)
 
 
 def _main(args: argparse.Namespace) -> int:
