@@ -257,15 +257,16 @@ class Flock(FlockingManager, BaseApplication):
         if self._stopped:
             return
         self.announce_now()
-        # a non-empty blacklist goes again to the pools trusted with it each period: one that
-        # arrived since hears it, and a lost share is made good
-        self.share_blacklist_now()
         self._forget_old_origins()
         self._arm(0, self._period(self.config.announce_period_s))
 
     def _manager_tick(self) -> None:
         if self._stopped:
             return
+        # a non-empty blacklist goes again to the pools trusted with it every Flocking Manager
+        # period (1 min, a thirtieth of blacklist_s): one that arrived since hears it, and a
+        # lost share is made good
+        self.share_blacklist_now()
         self.decide_now()
         self._arm(1, self._period(self.config.manager_period_s))
 

@@ -11,7 +11,7 @@ Theory of operation:
   pools"). A pool sends its first-hand entries, each with the seconds it has left, in one
   :class:`~discovery.flock_messages.BlacklistShare` to every pool it knows — the nodes of its
   routing state and the origins of its willing list — that its ``blacklist-to`` rule admits: at
-  once when it blacklists a pool, and every announcement period while its list is not empty, so
+  once when it blacklists a pool, and every Flocking Manager period while its list is not empty, so
   that a trusted pool arriving later learns it too and a lost share is made good. A receiver
   adopts the entries if its ``blacklist-from`` rule admits the sender, each until the sender's
   time left or its own ``blacklist_s``, whichever ends first; one share replaces all that

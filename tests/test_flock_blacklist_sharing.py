@@ -160,14 +160,14 @@ def test_adopted_entries_last_the_shorter_of_both_times_and_shares_repeat_each_p
     pump([a, b, late])
     assert b.flock.learned_blacklist()[bad][0] == pytest.approx(200.0)
     assert late.flock.learned_blacklist() == {}  # a did not know it yet
-    # a learns of the late pool; its next announcement period sends the list again
+    # a learns of the late pool; its next Flocking Manager period sends the list again
     put_in_table(a.core, late.handle)
     a.flock.start()
     for k in (a, b, late):
-        k.rt.advance(a.flock.config.announce_period_s + 1.0)
+        k.rt.advance(a.flock.config.manager_period_s + 1.0)
     pump([a, b, late])
     left, by = late.flock.learned_blacklist()[bad]
-    assert by == (_hex(a),) and 600 - 2 * a.flock.config.announce_period_s < left < 600
+    assert by == (_hex(a),) and 600 - 2 * a.flock.config.manager_period_s < left < 600
     # b's copy was refreshed by the same share, and still ends at b's own 200 s
     assert b.flock.learned_blacklist()[bad][0] == pytest.approx(200.0)
     for k in (a, b, late):
