@@ -26,8 +26,9 @@ Theory of operation:
   pools — and taken only by the pool whose id it is (``blacklist_misrouted`` at another root:
   the named pool is gone), within ``max_validity_s`` of being made (``blacklist_stale``: a
   captured copy replayed later); its signature is checked against the claimed sender
-  (``blacklist_unsigned``, ``blacklist_forged``). Prefix, host and address patterns cannot be
-  routed to; they reach the pools we know.
+  (``blacklist_unsigned``, ``blacklist_forged``) and ``blacklist-from`` matches it by that id
+  and its host, never by the address its route claims (relayed by others). Prefix, host and
+  address patterns cannot be routed to; they reach the pools we know.
 * **Otherwise one hop.** A direct share is never forwarded, so it names no origin: the sender
   is the node the transport authenticated (pair frames or signed envelopes on live nodes).
   Input that is not a
@@ -279,9 +280,9 @@ class FlockBlacklist:
             if not ok:
                 st["blacklist_forged"] += 1
                 return
-        self._on_blacklist_share(origin, m)
+        self._on_blacklist_share(origin, m, routed=True)
 
-    def _on_blacklist_share(self, src: NodeHandle, m: BlacklistShare) -> None:
+    def _on_blacklist_share(self, src: NodeHandle, m: BlacklistShare, routed: bool = False) -> None:
         if self._stopped or src.id == self.id:
             return
         st = self.stats
@@ -307,7 +308,11 @@ class FlockBlacklist:
         if not ok:
             st["blacklist_malformed"] += 1
             return
-        if not self.policy.allows(BLACKLIST_FROM, Peer.from_handle(src, self._host_of(src.id))):
+        host = self._host_of(src.id)
+        # a routed share's signature proves the sender's id, not the address its route names
+        # (hearsay relayed by other pools): an ``addr:`` rule must not admit it
+        peer = Peer(f"{int(src.id):040x}", host) if routed else Peer.from_handle(src, host)
+        if not self.policy.allows(BLACKLIST_FROM, peer):
             st["blacklist_untrusted"] += 1
             return
         shared = self._shared

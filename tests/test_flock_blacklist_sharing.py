@@ -26,6 +26,7 @@ from discovery.flock_messages import FLOCK_APP, BlacklistShare, IdentitySigner, 
 from discovery.policy import BLACKLIST_FROM, BLACKLIST_TO, Peer, Policy
 from overlay import NodeHandle
 from overlay.identity import Identity
+from overlay.kbr import RouteMsg
 from overlay.wire import decode_message, encode_message
 from sim_adapter import Network, latency
 from sim_adapter.plugins.flock import FixedPool, FlockSim, spawn_signed
@@ -334,3 +335,18 @@ def test_a_routed_share_replayed_later_is_refused_even_by_a_restarted_pool() -> 
     a.core.route(t.id, FLOCK_APP, share)
     net.run(5.0)
     assert fresh.learned_blacklist() == {} and fresh.stats["blacklist_stale"] == 1
+
+
+def test_a_routed_share_is_not_admitted_by_an_address_it_only_claims() -> None:
+    net, sim, nodes, idents = _ring("pastry")
+    liar, t, trusted = nodes[30], nodes[60], nodes[90]
+    sim[t].set_policy(
+        Policy.loads(f'[blacklist-from]\nallow = ["addr:{trusted.handle.address}"]\n')
+    )
+    share = BlacklistShare((("cm1.example.org", 100.0),), int(sim[liar].clock() * 1000))
+    signed = sign_share(share, IdentitySigner(idents[liar.index]))
+    # the liar's own key signs it, but its route claims the trusted pool's address
+    msg = RouteMsg(t.id, FLOCK_APP, signed, NodeHandle(liar.id, trusted.handle.address), 7, 0)
+    net.inject(liar.handle, t, msg)
+    net.run(5.0)
+    assert sim[t].learned_blacklist() == {} and sim[t].stats["blacklist_untrusted"] == 1
