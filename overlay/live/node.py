@@ -149,13 +149,18 @@ def _live_default_config(overlay: str) -> Any:
     return cfg
 
 
+def _check_overlay(overlay: str) -> None:
+    """Raise ConfigError unless ``overlay`` names a built-in overlay."""
+    if overlay not in _OVERLAYS:
+        raise ConfigError(
+            f"unknown overlay {overlay!r}; choose one of {', '.join(sorted(_OVERLAYS))}"
+        )
+
+
 def live_config(overlay: str, overrides: Sequence[str] = ()) -> Any:
     """A built-in overlay's live default config with ``FIELD=VALUE`` overrides
     (:func:`overlay.config_overrides.with_overrides`; what ``flockring node --set`` passes)."""
-    if overlay not in _CONFIGS:
-        raise ConfigError(
-            f"unknown overlay {overlay!r}; choose one of {', '.join(sorted(_CONFIGS))}"
-        )
+    _check_overlay(overlay)
     return with_overrides(_live_default_config(overlay), overrides)
 
 
@@ -231,10 +236,8 @@ class Node(Sender):
         sessions: bool | SessionConfig = True,
         rate_limits: RateLimits | None = None,
     ) -> None:
-        if isinstance(overlay, str) and overlay not in _OVERLAYS:
-            raise ConfigError(
-                f"unknown overlay {overlay!r}; choose one of {', '.join(sorted(_OVERLAYS))}"
-            )
+        if isinstance(overlay, str):
+            _check_overlay(overlay)
         if not join_timeout_s > 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {join_timeout_s!r}")
         self.transport = transport
